@@ -1,0 +1,49 @@
+"""Short human-readable output on the terminal (rich)."""
+from __future__ import annotations
+
+from typing import Any, Dict, Optional
+
+from rich.console import Console
+from rich.table import Table
+
+console = Console(stderr=False, highlight=False)
+
+
+def fmt_bytes(n: Optional[float]) -> str:
+    if n is None:
+        return "n/a"
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1024.0
+    return str(n)
+
+
+def _num(v: Optional[float], spec: str = ".3g", unit: str = "") -> str:
+    return "n/a" if v is None else f"{v:{spec}}{unit}"
+
+
+def print_summary(summary: Dict[str, Any], out_dir: str) -> None:
+    ok = summary["success"]
+    title = f"{summary['model']}  batch {summary['batch_size']}  on {summary['device']}  ({summary['data']})"
+    table = Table(title=title, show_header=False, box=None, pad_edge=False)
+    if not ok:
+        failure = summary["failure"] or {}
+        table.add_row("[red]FAILED[/red]", f"{failure.get('kind')}: {failure.get('message')}")
+    step = summary.get("step_time_s") or {}
+    table.add_row("step time", f"median {_num(step.get('median'), '.4f', ' s')}  "
+                  f"p90 {_num(step.get('p90'), '.4f', ' s')}  ({summary['measured_steps']} steps)")
+    table.add_row("throughput", _num(summary.get("throughput_samples_per_s"), ".2f", " samples/s"))
+    cpu = summary.get("cpu_util_pct") or {}
+    per_core = " ".join(_num(c, ".0f") for c in cpu.get("per_core", []))
+    table.add_row("CPU util", f"{_num(cpu.get('mean'), '.1f', ' %')}  per core [{per_core}]")
+    gpu = summary.get("gpu_util_pct")
+    table.add_row("GPU util", _num(gpu.get("mean"), ".1f", " %") if gpu else "not measured on this machine")
+    power = summary.get("power_w")
+    table.add_row("power", ", ".join(f"{k} {v:.2f} W" for k, v in power.items() if v is not None)
+                  if power else "not measured on this machine")
+    energy = summary.get("energy_j")
+    table.add_row("energy/step", _num(energy.get("per_step_mean"), ".3f", " J") if energy else "not measured on this machine")
+    table.add_row("peak memory", f"{fmt_bytes(summary.get('mem_peak_bytes'))} ({summary.get('mem_peak_source')})")
+    table.add_row("results", str(out_dir))
+    console.print(table)

@@ -1,0 +1,105 @@
+"""CIFAR-10 from the original python-pickle layout (`<root>/cifar-10-batches-py/`).
+
+Reads `data_batch_1..5` (each a pickled dict with b"data": N x 3072 uint8, channel-major 32x32 planes, and
+b"labels") and `batches.meta` (b"label_names"). Checksums are not required, so small files in the same
+format (as the tests write) are accepted. Unpickling is restricted to numpy arrays and plain containers:
+a pickle is code, and a data file has no business running any.
+"""
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+from typing import List
+
+import numpy as np
+import torch
+
+from mtbench.data import DataSource
+from mtbench.errors import DataError
+
+TRAIN_FILES = [f"data_batch_{i}" for i in range(1, 6)]
+META_FILE = "batches.meta"
+# per-channel mean / std of the CIFAR-10 training set, for the usual normalization
+MEAN = (0.4914, 0.4822, 0.4465)
+STD = (0.2470, 0.2435, 0.2616)
+
+
+class _NumpyOnlyUnpickler(pickle.Unpickler):
+    ALLOWED = {
+        ("numpy.core.multiarray", "_reconstruct"),
+        ("numpy._core.multiarray", "_reconstruct"),
+        ("numpy", "ndarray"),
+        ("numpy", "dtype"),
+        ("numpy.core.multiarray", "scalar"),
+        ("numpy._core.multiarray", "scalar"),
+    }
+
+    def find_class(self, module, name):
+        if (module, name) in self.ALLOWED:
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"refusing to load {module}.{name}")
+
+
+def _load(path: Path) -> dict:
+    if not path.is_file():
+        raise DataError(
+            f"data.root: missing file {path} (the CIFAR-10 python layout has "
+            f"{', '.join(TRAIN_FILES)} and {META_FILE} in cifar-10-batches-py/)"
+        )
+    try:
+        with path.open("rb") as f:
+            obj = _NumpyOnlyUnpickler(f, encoding="bytes").load()
+    except Exception as exc:  # truncated, not a pickle, or a pickle of something else
+        raise DataError(f"{path}: not a CIFAR-10 python pickle ({type(exc).__name__}: {exc})") from None
+    if not isinstance(obj, dict):
+        raise DataError(f"{path}: not a CIFAR-10 python pickle (holds a {type(obj).__name__}, not a dict)")
+    return obj
+
+
+def load_train(root: str) -> tuple:
+    """(images N x 3 x 32 x 32 uint8, labels N int64, class names) from the five training batches."""
+    folder = Path(root).expanduser() / "cifar-10-batches-py"
+    meta = _load(folder / META_FILE)
+    names = [n.decode() if isinstance(n, bytes) else str(n) for n in meta.get(b"label_names", [])]
+    if not names:
+        raise DataError(f"{folder / META_FILE}: has no label_names")
+    images, labels = [], []
+    for name in TRAIN_FILES:
+        batch = _load(folder / name)
+        data, lab = batch.get(b"data"), batch.get(b"labels")
+        if not isinstance(data, np.ndarray) or data.ndim != 2 or data.shape[1] != 3072 or lab is None:
+            raise DataError(f"{folder / name}: expected b'data' as N x 3072 uint8 and b'labels'")
+        lab = np.asarray(lab, dtype=np.int64)
+        if len(lab) != len(data):
+            raise DataError(f"{folder / name}: {len(data)} images but {len(lab)} labels")
+        if len(lab) and (lab.min() < 0 or lab.max() >= len(names)):
+            raise DataError(f"{folder / name}: labels outside 0..{len(names) - 1}")
+        images.append(data.astype(np.uint8).reshape(-1, 3, 32, 32))
+        labels.append(lab)
+    return np.concatenate(images), np.concatenate(labels), names
+
+
+class CIFAR10(DataSource):
+    name = "cifar10"
+
+    def __init__(self, root: str = "") -> None:
+        if not root:
+            raise DataError("data=cifar10 needs data.root=DIR (the folder holding cifar-10-batches-py/)")
+        self.root = str(root)
+
+    @property
+    def label(self) -> str:
+        return f"cifar10:{self.root}"
+
+    def image_batches(self, batch_size, count, shape, num_classes, seed) -> List:
+        if tuple(shape) != (3, 32, 32) or num_classes != 10:
+            raise DataError(f"data=cifar10 gives 3x32x32 images in 10 classes, not {tuple(shape)} / {num_classes}")
+        images, labels, _ = load_train(self.root)
+        if len(images) == 0:
+            raise DataError(f"{self.root}: the CIFAR-10 training batches hold no images")
+        order = np.random.default_rng(seed).permutation(len(images))
+        needed = np.resize(order, batch_size * count)  # cycle when the set is smaller than needed
+        x = torch.from_numpy(images[needed]).float().div_(255.0)
+        x = (x - torch.tensor(MEAN).view(1, 3, 1, 1)) / torch.tensor(STD).view(1, 3, 1, 1)
+        y = torch.from_numpy(labels[needed])
+        return list(zip(x.split(batch_size), y.split(batch_size)))

@@ -1,0 +1,83 @@
+"""Peak memory of the measured steps: the CUDA caching allocator on GPU, the process high-water mark on CPU."""
+from __future__ import annotations
+
+import ctypes
+import gc
+import re
+import resource
+import sys
+from typing import Any, Dict, Optional
+
+import torch
+
+_HWM = re.compile(rb"VmHWM:\s+(\d+)\s+kB")
+
+
+def _read_hwm_bytes() -> Optional[int]:
+    try:
+        with open("/proc/self/status", "rb") as f:
+            match = _HWM.search(f.read())
+    except OSError:
+        return None
+    return int(match.group(1)) * 1024 if match else None
+
+
+def _reset_hwm() -> bool:
+    """Reset VmHWM to the current RSS (Linux >= 4.0); ru_maxrss cannot be reset."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def release_memory(device: torch.device) -> None:
+    """Give back what the previous job held, so that the next job's peak is its own."""
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()
+    if sys.platform.startswith("linux"):
+        # glibc keeps freed heap pages mapped (so RSS stays up) until trimmed
+        try:
+            ctypes.CDLL("libc.so.6").malloc_trim(0)
+        except (OSError, AttributeError):
+            pass
+
+
+class PeakMemory:
+    """`reset()` just before the measured steps, `read()` after them."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self._hwm_resettable = False
+        self.baseline_bytes: Optional[int] = None
+
+    def reset(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self.baseline_bytes = torch.cuda.memory_allocated(self.device)
+        else:
+            self._hwm_resettable = _reset_hwm()
+            self.baseline_bytes = _read_hwm_bytes() if self._hwm_resettable else None
+
+    def read(self) -> Dict[str, Any]:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            return {
+                "mem_peak_bytes": int(torch.cuda.max_memory_allocated(self.device)),
+                "mem_peak_source": "cuda_allocator",
+                "mem_peak_reserved_bytes": int(torch.cuda.max_memory_reserved(self.device)),
+                "mem_baseline_bytes": self.baseline_bytes,
+            }
+        hwm = _read_hwm_bytes() if self._hwm_resettable else None
+        if hwm is not None:
+            return {"mem_peak_bytes": hwm, "mem_peak_source": "process_rss", "mem_baseline_bytes": self.baseline_bytes}
+        # no resettable high-water mark: ru_maxrss (KiB on Linux) is the whole process's lifetime peak
+        return {
+            "mem_peak_bytes": int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024,
+            "mem_peak_source": "process_ru_maxrss",
+            "mem_baseline_bytes": None,
+        }

@@ -1,0 +1,193 @@
+"""One job: build the workload, warm up, time the measured steps under the sampler, write the results.
+
+The runner owns measurement. Per step: synchronize, read the clock, run the workload's step, synchronize
+again (a CPU-GPU sync point: the step's kernels must finish inside its window), read the clock.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from mtbench import env, memory, results
+from mtbench.config import JobSpec, instantiate, positive_float
+from mtbench.data import DataSource
+from mtbench.errors import UsageError
+from mtbench.sampling import Sampler, SensorUnavailable, open_sensors
+from mtbench.workload import SetupContext, Workload
+
+log = logging.getLogger("mtbench")
+
+MAX_PREPARED_BATCHES = 8  # distinct input batches made before timing; steps cycle through them
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise UsageError("device=cuda but no CUDA GPU is visible to torch; allowed here: device=cpu or device=auto")
+    return torch.device(name)
+
+
+def is_oom(exc: BaseException) -> bool:
+    if isinstance(exc, (torch.cuda.OutOfMemoryError, MemoryError)):
+        return True
+    return isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower()
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class Job:
+    """State of one job while it runs; `summary()` turns it into the contract's dict."""
+
+    def __init__(self, cfg: DictConfig, out_dir: Path) -> None:
+        self.cfg = cfg
+        self.out_dir = Path(out_dir)
+        self.spec = JobSpec.from_cfg(cfg)
+        self.interval_ms = positive_float("sampler.interval_ms", cfg.sampler.interval_ms)
+        self.device = resolve_device(self.spec.device)
+        self.failure: Optional[Dict[str, str]] = None
+        self.durations: List[float] = []
+        self.mem: Dict[str, Any] = {"mem_peak_bytes": None, "mem_peak_source": None}
+        self.workload: Optional[Workload] = None
+        self.data_label = "unknown"
+        self.parameters: Optional[int] = None
+        self.sampler: Optional[Sampler] = None
+        self.sensor_status: List[dict] = []
+        self.last_summary: Dict[str, Any] = {}
+
+    def open_sampler(self) -> None:
+        options = OmegaConf.to_container(self.cfg.sampler.get("options", {}) or {}, resolve=True)
+        try:
+            sensors, self.sensor_status = open_sensors(list(self.cfg.sampler.sensors), options)
+        except SensorUnavailable as exc:
+            raise UsageError(f"sampler: {exc}") from None
+        self.sampler = Sampler(sensors, self.interval_ms)
+
+    def run(self) -> None:
+        spec = self.spec
+        torch.manual_seed(spec.seed)
+        data: DataSource = instantiate(self.cfg.data)
+        self.data_label = data.label
+        self.workload = instantiate(self.cfg.model.workload)
+        ctx = SetupContext(
+            device=self.device,
+            batch_size=spec.batch_size,
+            data=data,
+            seed=spec.seed,
+            batches=min(MAX_PREPARED_BATCHES, spec.warmup + spec.steps),
+        )
+        self.workload.setup(ctx)
+        self.parameters = self.workload.parameter_count()
+        peak = memory.PeakMemory(self.device)
+        assert self.sampler is not None
+        self.sampler.start()
+        # skip `warmup` steps: the allocator, cuDNN autotuner and caches settle in them
+        for i in range(spec.warmup):
+            self._timed_step(i, warmup=True)
+        peak.reset()
+        for i in range(spec.warmup, spec.warmup + spec.steps):
+            self.durations.append(self._timed_step(i, warmup=False))
+        self.mem = peak.read()
+
+    def _timed_step(self, index: int, warmup: bool) -> float:
+        assert self.workload is not None and self.sampler is not None
+        _sync(self.device)
+        start = time.monotonic()
+        self.workload.step()
+        _sync(self.device)
+        end = time.monotonic()
+        self.sampler.mark_step(index, start, end, warmup)
+        return end - start
+
+    def summary(self, samples) -> Dict[str, Any]:
+        spec = self.spec
+        measured = [m for m in self.sampler.marks if not m.warmup] if self.sampler else []
+        window = (measured[0].start_s, measured[-1].end_s) if measured else None
+        total_time = sum(self.durations)
+        units = self.workload.units_per_sample() if self.workload is not None else {}
+        throughput = spec.batch_size * len(self.durations) / total_time if total_time > 0 else None
+        cpu = results.cpu_utilization(samples, *window) if window and samples is not None else None
+        sensors = [s["name"] for s in self.sensor_status if s["available"]]
+        no_sensor = f"no sensor on this machine gives it (sensors in use: {', '.join(sensors) or 'none'})"
+        summary: Dict[str, Any] = {
+            "schema": results.SCHEMA,
+            "model": spec.model,
+            "batch_size": spec.batch_size,
+            "device": str(self.device),
+            "data": self.data_label,
+            "success": self.failure is None,
+            "failure": self.failure,
+            "warmup_steps": spec.warmup,
+            "measured_steps": len(self.durations),
+            "step_time_s": results.stats(self.durations),
+            "throughput_samples_per_s": throughput,
+            "throughput_units_per_s": {k: v * throughput for k, v in units.items()} if throughput else {},
+            "cpu_util_pct": cpu,
+            "process_cpu_pct": results.process_cpu_pct(samples, *window) if window and samples is not None else None,
+            "gpu_util_pct": None,
+            "power_w": None,
+            "energy_j": None,
+            "unavailable": {"gpu_util_pct": no_sensor, "power_w": no_sensor, "energy_j": no_sensor},
+            **self.mem,
+            "parameters": self.parameters,
+            "sampler": {**(self.sampler.stats() if self.sampler else {}), "sensors": self.sensor_status},
+            "env": env.describe(self.device),
+            "config": OmegaConf.to_container(self.cfg, resolve=True),
+        }
+        if self.workload is not None:
+            summary.update(self.workload.extra_metrics())
+        return summary
+
+
+def run_job(cfg: DictConfig, out_dir: Path) -> Dict[str, Any]:
+    """Run one job and write its result files, whatever happens; return the summary.
+
+    An out-of-memory error or any other error inside the job is recorded as its failure (kind "oom" or
+    "error") and returned, so a sweep goes on; a bad value the user gave raises UsageError before any
+    result is written; Ctrl-C is recorded as "interrupted" and re-raised.
+    """
+    job = Job(cfg, out_dir)  # validates batch, steps, ... (UsageError)
+    job.open_sampler()
+    memory.release_memory(job.device)
+    samples = None
+    user_error = False
+    try:
+        job.run()
+    except UsageError:  # e.g. a data file that is missing: the user's to fix, not a result
+        user_error = True
+        raise
+    except KeyboardInterrupt:
+        job.failure = {"kind": "interrupted", "message": "interrupted by the user (Ctrl-C)"}
+        raise
+    except BaseException as exc:  # noqa: B902 - every failure of the job is a result, not a crash
+        kind = "oom" if is_oom(exc) else "error"
+        job.failure = {"kind": kind, "message": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"}
+        log.debug("job failed", exc_info=True)
+    finally:
+        if job.sampler is not None:
+            samples = job.sampler.stop()
+            for sensor in job.sampler.sensors:
+                sensor.close()
+        if not user_error:
+            _write(job, samples)
+        job.workload = None  # drop the model, optimizer state and batches before the next job
+        memory.release_memory(job.device)
+    return job.last_summary
+
+
+def _write(job: Job, samples) -> None:
+    summary = job.summary(samples)
+    if samples is not None and job.sampler is not None:
+        header, rows = results.step_rows(job.sampler.marks, samples)
+        results.write_steps(job.out_dir, header, rows)
+        results.write_samples(job.out_dir, samples)
+    results.write_summary(job.out_dir, summary)
+    job.last_summary = summary
