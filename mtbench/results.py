@@ -118,10 +118,10 @@ def cpu_utilization(samples: Samples, start: float, end: float) -> Optional[Dict
         if busy is None or total is None or total <= 0:
             per_core.append(None)
             continue
-        per_core.append(100.0 * busy / total)
+        per_core.append(min(100.0, 100.0 * busy / total))  # interpolation can overshoot by float noise
         busy_sum += busy
         total_sum += total
-    mean = 100.0 * busy_sum / total_sum if total_sum > 0 else None
+    mean = min(100.0, 100.0 * busy_sum / total_sum) if total_sum > 0 else None
     return {"mean": mean, "per_core": per_core}
 
 

@@ -1,0 +1,45 @@
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import List
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from mtbench import config
+from mtbench.runner import run_job
+
+REPO = Path(__file__).resolve().parent.parent
+# fast defaults for tests: no warm-up, one measured step, CPU
+FAST = ["device=cpu", "warmup=0", "steps=1"]
+
+
+def compose_cfg(overrides: List[str]):
+    with initialize_config_dir(config_dir=str(config.conf_dir()), version_base="1.3"):
+        return compose(config_name="config", overrides=FAST + list(overrides))
+
+
+@pytest.fixture
+def run(tmp_path, monkeypatch):
+    """run(["model=alexnet", "batch=2"], name="job") -> summary dict, results in tmp_path/name."""
+    monkeypatch.setattr(config, "ALLOWED_TARGET_PREFIXES", config.ALLOWED_TARGET_PREFIXES + ("tests.",))
+
+    def _run(overrides: List[str], name: str = "job") -> dict:
+        out = tmp_path / name
+        summary = run_job(compose_cfg(overrides), out)
+        assert json.loads((out / "summary.json").read_text())["model"] == summary["model"]
+        return summary
+
+    return _run
+
+
+def mtbench_cli(*args: str, cwd=None, timeout: float = 600) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    return subprocess.run(
+        [sys.executable, "-m", "mtbench", *args],
+        cwd=cwd or REPO, env=env, capture_output=True, text=True, timeout=timeout,
+    )

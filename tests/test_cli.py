@@ -1,0 +1,57 @@
+"""The command line: bad input ends in one line and a non-zero exit; a real -m sweep writes every job."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.conftest import mtbench_cli
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["model=nosuchnet"], "model='nosuchnet' is not known; allowed: alexnet"),
+        (["batch=0"], "batch=0 is out of range; allowed: a whole number >= 1"),
+        (["batch=-3"], "batch=-3 is out of range"),
+        (["batch=abc"], "batch='abc' is not a whole number"),
+        (["steps=0"], "steps=0 is out of range"),
+        (["-m", "model=alexnet,nosuchnet"], "model='nosuchnet' is not known"),
+        (["-m", "batch=4,0"], "batch=0 is out of range"),
+        (["data=nosuchdata"], "data='nosuchdata' is not known; allowed: cifar10, synthetic"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(args, needle, tmp_path):
+    proc = mtbench_cli(*args, f"hydra.run.dir={tmp_path}", f"hydra.sweep.dir={tmp_path}")
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [f"mtbench: error: {proc.stderr.strip()[16:]}"]
+    assert needle in proc.stderr
+    assert "Traceback" not in proc.stderr + proc.stdout
+    assert not list(tmp_path.rglob("summary.json"))
+
+
+def test_missing_data_is_one_line_and_exit_2(tmp_path):
+    proc = mtbench_cli("model=squeezenet", "batch=2", "device=cpu", "data=cifar10",
+                       f"data.root={tmp_path / 'nothing'}", f"hydra.run.dir={tmp_path / 'run'}")
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "missing file" in lines[0] and "cifar-10-batches-py" in lines[0]
+    assert "Traceback" not in proc.stderr
+
+
+def test_sweep_writes_one_summary_per_job(tmp_path):
+    proc = mtbench_cli("-m", "model=squeezenet,densenet40", "batch=2", "device=cpu", "warmup=0", "steps=1",
+                       f"hydra.sweep.dir={tmp_path}")
+    assert proc.returncode == 0, proc.stderr
+    summaries = sorted(tmp_path.rglob("summary.json"))
+    assert len(summaries) == 2
+    models = {json.loads(p.read_text())["model"] for p in summaries}
+    assert models == {"squeezenet", "densenet40"}
+    assert all((p.parent / "steps.csv").exists() and (p.parent / "samples.csv").exists() for p in summaries)
+
+
+def test_models_listing(tmp_path):
+    proc = mtbench_cli("models")
+    assert proc.returncode == 0, proc.stderr
+    for name in ("alexnet", "vgg19", "densenet100", "mobilenetv2"):
+        assert name in proc.stdout

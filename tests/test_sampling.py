@@ -1,0 +1,87 @@
+"""The sampler and the aggregation, against loads whose truth is known."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from mtbench.results import cpu_utilization, process_cpu_pct
+from mtbench.sampling import Sampler, SensorUnavailable, aggregate, open_sensors
+from mtbench.sampling.procfs import ProcfsSensor, parse_proc_stat
+
+# A child that reports "go", then for `seconds` spins for `duty` of every 10 ms slice and sleeps the rest,
+# then prints the fraction of wall time it actually spent spinning (the truth, measured by the clock).
+CHILD = """
+import sys, time
+duty, seconds = float(sys.argv[1]), float(sys.argv[2])
+print("go", flush=True)
+start = time.perf_counter(); busy = 0.0
+while time.perf_counter() - start < seconds:
+    t = time.perf_counter()
+    while time.perf_counter() - t < 0.010 * duty:
+        pass
+    busy += time.perf_counter() - t
+    if duty < 1:
+        time.sleep(0.010 * (1 - duty))
+print(busy / (time.perf_counter() - start), flush=True)
+"""
+
+
+@pytest.mark.parametrize("duty", [1.0, 0.5])
+def test_cpu_of_a_known_load_within_5_points(duty):
+    child = subprocess.Popen([sys.executable, "-c", CHILD, str(duty), "1.5"], stdout=subprocess.PIPE, text=True)
+    sensor = ProcfsSensor(pid=child.pid)
+    sampler = Sampler([sensor], interval_ms=5).start()
+    assert child.stdout.readline().strip() == "go"
+    start = time.monotonic()
+    time.sleep(1.0)  # the window lies wholly inside the child's loop
+    end = time.monotonic()
+    truth = float(child.stdout.readline()) * 100
+    child.wait()
+    samples = sampler.stop()
+    sensor.close()
+    measured = process_cpu_pct(samples, start, end)
+    assert measured == pytest.approx(truth, abs=5), (measured, truth)
+    # the same ticks seen system-wide: the busy cores together carry at least the child's load
+    cpu = cpu_utilization(samples, start, end)
+    assert cpu["mean"] * len(cpu["per_core"]) >= truth - 5
+
+
+def test_sampler_keeps_its_interval_and_timestamps():
+    sampler = Sampler([ProcfsSensor()], interval_ms=5).start()
+    time.sleep(0.5)
+    samples = sampler.stop()
+    stats = sampler.stats()
+    assert 80 <= len(samples) <= 110
+    assert np.all(np.diff(samples.time_s) > 0)
+    assert stats["achieved_interval_ms"]["median"] == pytest.approx(5, abs=0.5)
+    assert stats["samples"] == len(samples) and stats["cpu_time_s"] > 0
+
+
+def test_proc_stat_parsing():
+    text = b"cpu  10 0 10 80 0 0 0 0 0 0\ncpu0 1 2 3 4 5 6 7 8 9 10\ncpu1 0 0 0 100 0 0 0 0\nintr 5\n"
+    assert parse_proc_stat(text) == [(0, 1 + 2 + 3 + 6 + 7 + 8, 36), (1, 0, 100)]
+
+
+def test_unknown_or_missing_sensor_is_refused_with_its_reason(tmp_path):
+    with pytest.raises(SensorUnavailable, match="not known"):
+        open_sensors(["nope"], {})
+    with pytest.raises(SensorUnavailable, match="cannot open"):
+        open_sensors(["procfs"], {"procfs": {"proc_root": str(tmp_path / "none")}})
+
+
+def test_counter_delta_and_integral_interpolate_at_the_edges():
+    t = np.array([0.0, 1.0, 2.0, 3.0])
+    counter = np.array([0.0, 10.0, 20.0, 30.0])
+    assert aggregate.counter_delta(t, counter, 0.5, 2.5) == pytest.approx(20.0)
+    power = np.array([2.0, 2.0, 4.0, 4.0])  # ramps from 2 to 4 between t=1 and t=2
+    assert aggregate.integral(t, power, 0.5, 2.5) == pytest.approx(1.0 + 3.0 + 2.0)
+    assert aggregate.mean(t, power, 0.0, 1.0) == pytest.approx(2.0)
+    # outside the sampled span: unknown, not 0
+    assert aggregate.counter_delta(t, counter, -1.0, 1.0) is None
+    # a gap (NaN) is skipped, not read as 0
+    gappy = np.array([2.0, np.nan, 2.0, 2.0])
+    assert aggregate.integral(t, gappy, 0.0, 3.0) == pytest.approx(6.0)
