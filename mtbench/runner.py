@@ -143,7 +143,7 @@ class Job:
             "config": OmegaConf.to_container(self.cfg, resolve=True),
         }
         if self.workload is not None:
-            summary.update(self.workload.extra_metrics())
+            summary.update(self.workload.extra_metrics(len(self.durations)))
         return summary
 
 

@@ -46,8 +46,9 @@ class Workload(abc.ABC):
         """Extra throughput units per sample, e.g. {"chars": 100} for a 100-character sequence."""
         return {}
 
-    def extra_metrics(self) -> Dict[str, Any]:
-        """Figures only this workload knows (e.g. environment vs update time), added to summary.json."""
+    def extra_metrics(self, measured_steps: int) -> Dict[str, Any]:
+        """Figures only this workload knows (e.g. environment vs update time) over its last
+        `measured_steps` steps (the measured ones), added to summary.json."""
         return {}
 
 

@@ -18,7 +18,7 @@ from tests.conftest import mtbench_cli
         (["steps=0"], "steps=0 is out of range"),
         (["-m", "model=alexnet,nosuchnet"], "model='nosuchnet' is not known"),
         (["-m", "batch=4,0"], "batch=0 is out of range"),
-        (["data=nosuchdata"], "data='nosuchdata' is not known; allowed: cifar10, synthetic"),
+        (["data=nosuchdata"], "data='nosuchdata' is not known; allowed: atari, cifar10, iwslt15, shakespeare, squad, synthetic"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(args, needle, tmp_path):

@@ -14,9 +14,23 @@ def test_the_cnn_suite_is_complete():
     assert set(CNNS) <= set(group_options("model"))
 
 
+# tiny sizes through config overrides, so that every model's real training step stays fast
+TINY = {
+    "char_rnn": ["model.workload.seq_len=16", "model.workload.hidden=32", "model.workload.conv_channels=16"],
+    "dcgan": ["model.workload.ngf=8", "model.workload.ndf=8"],
+    "dqn": ["data=synthetic", "model.workload.learning_starts=8", "model.workload.buffer_size=16",
+            "model.workload.target_update=1"],
+    "seq2seq": ["model.workload.hidden=32", "data.src_vocab=200", "data.tgt_vocab=150"],
+    "bidaf": ["model.workload.d=16", "model.workload.words=500", "data.word_vocab=400"],
+    "bert": ["model.workload.hidden=32", "model.workload.layers=2", "model.workload.heads=2",
+             "model.workload.intermediate=64", "model.workload.seq_len=64", "model.workload.vocab_size=500"],
+    "densenet100": ["model.workload.net.depth=22"],
+}
+
+
 @pytest.mark.parametrize("model", group_options("model"))
 def test_model_trains_one_step(run, model):
-    summary = run([f"model={model}", "batch=2"])
+    summary = run([f"model={model}", "batch=2"] + TINY.get(model, []))
     assert summary["success"], summary["failure"]
     assert summary["measured_steps"] == 1
     assert summary["step_time_s"]["median"] > 0

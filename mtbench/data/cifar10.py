@@ -82,6 +82,7 @@ def load_train(root: str) -> tuple:
 
 class CIFAR10(DataSource):
     name = "cifar10"
+    gives = "3x32x32 images"
 
     def __init__(self, root: str = "") -> None:
         if not root:

@@ -1,0 +1,30 @@
+"""A character corpus from one plain UTF-8 text file (e.g. tiny Shakespeare); the vocabulary is its characters."""
+from __future__ import annotations
+
+import numpy as np
+
+from mtbench.data import CharCorpus, DataSource
+from mtbench.data.text import read_text
+from mtbench.errors import DataError
+
+
+class Shakespeare(DataSource):
+    name = "shakespeare"
+    gives = "a character corpus"
+
+    def __init__(self, path: str = "") -> None:
+        if not path:
+            raise DataError("data=shakespeare needs data.path=FILE (a plain UTF-8 text file)")
+        self.path = str(path)
+
+    @property
+    def label(self) -> str:
+        return f"shakespeare:{self.path}"
+
+    def char_corpus(self, min_chars, seed):
+        text = read_text(self.path, "data.path")
+        if len(text) < 2:
+            raise DataError(f"{self.path}: holds {len(text)} characters; a character model needs at least 2")
+        vocab = sorted(set(text))
+        index = {c: i for i, c in enumerate(vocab)}
+        return CharCorpus(np.fromiter((index[c] for c in text), dtype=np.int64, count=len(text)), vocab)

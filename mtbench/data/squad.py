@@ -1,0 +1,83 @@
+"""SQuAD v1.1 JSON: {"data": [{"title", "paragraphs": [{"context", "qas": [{"question", "id",
+"answers": [{"text", "answer_start"}]}]}]}]}.
+
+Contexts and questions are split with our own tokenizer (words and punctuation marks, with character
+offsets); the first answer's character span becomes a token span: from the token that contains
+`answer_start` to the token that contains the answer's last character.
+"""
+from __future__ import annotations
+
+import json
+from bisect import bisect_right
+from typing import List, Optional, Tuple
+
+import numpy as np
+
+from mtbench.data import DataSource, QAExample
+from mtbench.data.text import read_text, tokenize
+from mtbench.errors import DataError
+
+
+def char_span_to_tokens(tokens: List[Tuple[str, int, int]], start: int, end: int) -> Optional[Tuple[int, int]]:
+    """Token indices (first, last) covering characters [start, end), or None if no token lies in it."""
+    starts = [s for _, s, _ in tokens]
+    first = max(0, bisect_right(starts, start) - 1)
+    if first < len(tokens) and tokens[first][2] <= start:  # start fell in the space after a token
+        first += 1
+    last = bisect_right(starts, end - 1) - 1
+    if first >= len(tokens) or last < first:
+        return None
+    return first, last
+
+
+def parse_squad(text: str, where: str) -> Tuple[List[QAExample], int]:
+    """(examples, how many answers could not be placed in their context)."""
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise DataError(f"{where}: not JSON ({exc.msg} at line {exc.lineno} column {exc.colno})") from None
+    examples, skipped = [], 0
+    try:
+        for article in doc["data"]:
+            for paragraph in article["paragraphs"]:
+                context = paragraph["context"]
+                ctx_tokens = tokenize(context)
+                words = [t for t, _, _ in ctx_tokens]
+                for qa in paragraph["qas"]:
+                    question = [t for t, _, _ in tokenize(qa["question"])]
+                    answer = qa["answers"][0] if qa["answers"] else None
+                    if answer is None:
+                        skipped += 1
+                        continue
+                    start = int(answer["answer_start"])
+                    span = char_span_to_tokens(ctx_tokens, start, start + len(answer["text"]))
+                    if span is None or context[start: start + len(answer["text"])] != answer["text"]:
+                        skipped += 1
+                        continue
+                    examples.append(QAExample(words, question, span[0], span[1]))
+    except (KeyError, TypeError, ValueError, IndexError) as exc:
+        raise DataError(f"{where}: not SQuAD v1.1 JSON (expected data -> paragraphs -> context + qas with "
+                        f"answers[text, answer_start]; failed at {type(exc).__name__}: {exc})") from None
+    return examples, skipped
+
+
+class SQuAD(DataSource):
+    name = "squad"
+    gives = "SQuAD question/context examples"
+
+    def __init__(self, path: str = "") -> None:
+        if not path:
+            raise DataError("data=squad needs data.path=FILE (a SQuAD v1.1 JSON file, e.g. train-v1.1.json)")
+        self.path = str(path)
+        self.skipped = 0
+
+    @property
+    def label(self) -> str:
+        return f"squad:{self.path}"
+
+    def squad_examples(self, count, seed):
+        examples, self.skipped = parse_squad(read_text(self.path, "data.path"), self.path)
+        if not examples:
+            raise DataError(f"{self.path}: holds no question whose answer could be placed in its context")
+        order = np.random.default_rng(seed).permutation(len(examples))
+        return [examples[i] for i in np.resize(order, count)]
