@@ -16,9 +16,7 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence
 
 import numpy as np
 
-from mtbench.sampling import Samples, StepMark
-from mtbench.sampling import aggregate
-from mtbench.sampling.procfs import USER_HZ
+from mtbench.sampling import Samples
 
 SCHEMA = "mtbench.summary/1"
 REQUIRED_KEYS = (
@@ -102,51 +100,3 @@ def stats(values: Sequence[float]) -> Optional[Dict[str, float]]:
         "max": float(arr.max()),
         "p90": float(np.percentile(arr, 90)),
     }
-
-
-def cpu_utilization(samples: Samples, start: float, end: float) -> Optional[Dict[str, Any]]:
-    """Per-core and mean busy % over [start, end] from /proc/stat tick deltas (exact up to one tick an edge)."""
-    busy_fields = samples.group("cpu_busy")
-    total_by_core = {f.key: f for f in samples.group("cpu_total")}
-    if not busy_fields:
-        return None
-    per_core: List[Optional[float]] = []
-    busy_sum = total_sum = 0.0
-    for f in busy_fields:
-        busy = aggregate.counter_delta(samples.time_s, samples.columns[f.name], start, end)
-        total = aggregate.counter_delta(samples.time_s, samples.columns[total_by_core[f.key].name], start, end)
-        if busy is None or total is None or total <= 0:
-            per_core.append(None)
-            continue
-        per_core.append(min(100.0, 100.0 * busy / total))  # interpolation can overshoot by float noise
-        busy_sum += busy
-        total_sum += total
-    mean = min(100.0, 100.0 * busy_sum / total_sum) if total_sum > 0 else None
-    return {"mean": mean, "per_core": per_core}
-
-
-def process_cpu_pct(samples: Samples, start: float, end: float) -> Optional[float]:
-    """CPU time of the measured process over [start, end], in % of one core (can exceed 100)."""
-    fields = samples.group("proc_cpu")
-    if not fields or end <= start:
-        return None
-    ticks = aggregate.counter_delta(samples.time_s, samples.columns[fields[0].name], start, end)
-    return None if ticks is None else 100.0 * ticks / USER_HZ / (end - start)
-
-
-def step_rows(marks: Sequence[StepMark], samples: Samples) -> tuple:
-    """steps.csv: one row per step with its duration and the CPU figures of its window."""
-    header = ["index", "start_s", "end_s", "duration_s", "warmup", "cpu_util_pct", "process_cpu_pct"]
-    rows = []
-    for m in marks:
-        cpu = cpu_utilization(samples, m.start_s, m.end_s)
-        rows.append([
-            m.index, f"{m.start_s:.6f}", f"{m.end_s:.6f}", f"{m.end_s - m.start_s:.6f}", int(m.warmup),
-            None if cpu is None or cpu["mean"] is None else round(cpu["mean"], 2),
-            _round(process_cpu_pct(samples, m.start_s, m.end_s)),
-        ])
-    return header, rows
-
-
-def _round(v: Optional[float], digits: int = 2) -> Optional[float]:
-    return None if v is None else round(v, digits)

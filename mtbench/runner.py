@@ -17,7 +17,7 @@ from mtbench import env, memory, results
 from mtbench.config import JobSpec, instantiate, positive_float
 from mtbench.data import DataSource
 from mtbench.errors import UsageError
-from mtbench.sampling import Sampler, SensorUnavailable, open_sensors
+from mtbench.sampling import Sampler, SensorUnavailable, open_sensors, windows
 from mtbench.workload import SetupContext, Workload
 
 log = logging.getLogger("mtbench")
@@ -109,14 +109,11 @@ class Job:
 
     def summary(self, samples) -> Dict[str, Any]:
         spec = self.spec
-        measured = [m for m in self.sampler.marks if not m.warmup] if self.sampler else []
-        window = (measured[0].start_s, measured[-1].end_s) if measured else None
         total_time = sum(self.durations)
         units = self.workload.units_per_sample() if self.workload is not None else {}
         throughput = spec.batch_size * len(self.durations) / total_time if total_time > 0 else None
-        cpu = results.cpu_utilization(samples, *window) if window and samples is not None else None
-        sensors = [s["name"] for s in self.sensor_status if s["available"]]
-        no_sensor = f"no sensor on this machine gives it (sensors in use: {', '.join(sensors) or 'none'})"
+        telemetry = windows.summarize(samples, self.sampler.marks, self.interval_ms) if samples is not None else {
+            "unavailable": {k: "the job ended before sampling" for k in ("cpu_util_pct", "gpu_util_pct", "power_w", "energy_j")}}
         summary: Dict[str, Any] = {
             "schema": results.SCHEMA,
             "model": spec.model,
@@ -130,12 +127,12 @@ class Job:
             "step_time_s": results.stats(self.durations),
             "throughput_samples_per_s": throughput,
             "throughput_units_per_s": {k: v * throughput for k, v in units.items()} if throughput else {},
-            "cpu_util_pct": cpu,
-            "process_cpu_pct": results.process_cpu_pct(samples, *window) if window and samples is not None else None,
-            "gpu_util_pct": None,
-            "power_w": None,
-            "energy_j": None,
-            "unavailable": {"gpu_util_pct": no_sensor, "power_w": no_sensor, "energy_j": no_sensor},
+            "cpu_util_pct": telemetry.get("cpu_util_pct"),
+            "process_cpu_pct": telemetry.get("process_cpu_pct"),
+            "gpu_util_pct": telemetry.get("gpu_util_pct"),
+            "power_w": telemetry.get("power_w"),
+            "energy_j": telemetry.get("energy_j"),
+            "unavailable": telemetry["unavailable"],
             **self.mem,
             "parameters": self.parameters,
             "sampler": {**(self.sampler.stats() if self.sampler else {}), "sensors": self.sensor_status},
@@ -186,7 +183,7 @@ def run_job(cfg: DictConfig, out_dir: Path) -> Dict[str, Any]:
 def _write(job: Job, samples) -> None:
     summary = job.summary(samples)
     if samples is not None and job.sampler is not None:
-        header, rows = results.step_rows(job.sampler.marks, samples)
+        header, rows = windows.step_rows(job.sampler.marks, samples, job.interval_ms)
         results.write_steps(job.out_dir, header, rows)
         results.write_samples(job.out_dir, samples)
     results.write_summary(job.out_dir, summary)

@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 
-from mtbench.results import cpu_utilization, process_cpu_pct
+from mtbench.sampling.windows import cpu_utilization, process_cpu_pct
 from mtbench.sampling import Sampler, SensorUnavailable, aggregate, open_sensors
 from mtbench.sampling.procfs import ProcfsSensor, parse_proc_stat
 

@@ -10,7 +10,14 @@ from mtbench.sampling.sensor import Field, Sensor, SensorUnavailable
 # name -> "module:Class"; `auto` probes them in this order.
 SENSORS: Dict[str, str] = {
     "procfs": "mtbench.sampling.procfs:ProcfsSensor",
+    "jetson": "mtbench.sampling.jetson:JetsonSensor",
+    "jtop": "mtbench.sampling.jtop_sensor:JtopSensor",
+    "nvml": "mtbench.sampling.nvml:NvmlSensor",
+    "rapl": "mtbench.sampling.rapl:RaplSensor",
 }
+
+# under `auto`, a sensor that would read the same hardware as one already open is skipped
+AUTO_SKIP_IF = {"jtop": "jetson"}
 
 
 def open_sensors(names: Sequence[str], options: Dict[str, Dict[str, Any]]) -> Tuple[List[Sensor], List[dict]]:
@@ -27,6 +34,10 @@ def open_sensors(names: Sequence[str], options: Dict[str, Dict[str, Any]]) -> Tu
     for name in wanted:
         if name not in SENSORS:
             raise SensorUnavailable(f"sensor {name!r} is not known; allowed: auto, {', '.join(SENSORS)}")
+        if auto and AUTO_SKIP_IF.get(name) in {s.name for s in opened}:
+            status.append({"name": name, "available": False, "fields": [],
+                           "reason": f"skipped: {AUTO_SKIP_IF[name]} already reads the same hardware"})
+            continue
         module, cls = SENSORS[name].split(":")
         try:
             sensor = getattr(importlib.import_module(module), cls)(**options.get(name, {}))

@@ -1,7 +1,9 @@
 """Per-window figures from timestamped samples: counter deltas and time integrals of gauges.
 
 Both interpolate linearly at the window edges, so a window need not fall on sample times. NaN (a sensor
-that gave nothing) is skipped; a window the samples do not cover on both sides gives None.
+that gave nothing) is skipped; a window the samples do not cover on both sides gives None, and so does a
+gauge whose valid samples inside the window are further apart than `max_gap_s` (a rail that vanished:
+bridging it would invent the values in between).
 """
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ def _valid(times: np.ndarray, values: np.ndarray):
 
 
 def counter_delta(times: np.ndarray, values: np.ndarray, start: float, end: float) -> Optional[float]:
-    """How much a cumulative counter grew over [start, end]."""
+    """How much a cumulative counter grew over [start, end] (a gap in between loses nothing)."""
     t, v = _valid(times, values)
     if len(t) < 2 or start < t[0] or end > t[-1]:
         return None
@@ -24,20 +26,28 @@ def counter_delta(times: np.ndarray, values: np.ndarray, start: float, end: floa
     return float(hi - lo)
 
 
-def integral(times: np.ndarray, values: np.ndarray, start: float, end: float) -> Optional[float]:
+def integral(times: np.ndarray, values: np.ndarray, start: float, end: float,
+             max_gap_s: Optional[float] = None) -> Optional[float]:
     """Trapezoidal integral of a gauge over [start, end] (e.g. watts -> joules), edges interpolated."""
     t, v = _valid(times, values)
     if len(t) < 2 or start < t[0] or end > t[-1] or end < start:
         return None
     inside = (t > start) & (t < end)
+    if max_gap_s is not None:
+        # the valid samples that bracket the window and those inside it must lie close together
+        lo = max(0, int(np.searchsorted(t, start, side="right")) - 1)
+        hi = min(len(t) - 1, int(np.searchsorted(t, end, side="left")))
+        if hi > lo and np.max(np.diff(t[lo: hi + 1])) > max_gap_s:
+            return None
     ts = np.concatenate(([start], t[inside], [end]))
     vs = np.concatenate(([np.interp(start, t, v)], v[inside], [np.interp(end, t, v)]))
     return float(np.sum((vs[1:] + vs[:-1]) * np.diff(ts)) / 2.0)
 
 
-def mean(times: np.ndarray, values: np.ndarray, start: float, end: float) -> Optional[float]:
+def mean(times: np.ndarray, values: np.ndarray, start: float, end: float,
+         max_gap_s: Optional[float] = None) -> Optional[float]:
     """Time-weighted mean of a gauge over [start, end]."""
     if end <= start:
         return None
-    area = integral(times, values, start, end)
+    area = integral(times, values, start, end, max_gap_s)
     return None if area is None else area / (end - start)

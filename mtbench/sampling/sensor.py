@@ -22,8 +22,17 @@ class SensorUnavailable(Exception):
 class Field:
     name: str  # column in samples.csv, ending in its unit (`_mw`, `_bytes`, `_ticks`, `_pct`, `_uj`)
     kind: str  # GAUGE or COUNTER
-    group: str = ""  # what the field measures, for aggregation: "cpu_busy", "power", "gpu_util", ...
+    group: str = ""  # what it measures, for aggregation: "cpu_busy", "power", "energy", "gpu_util", ...
     key: str = ""  # which instance within the group: a core index, a rail name, a GPU index
+    scale: float = 1.0  # raw value x scale = SI unit of the group (W for power, J for energy, % for util)
+    total: bool = False  # a rail that counts toward total energy (a board's input rail, a whole GPU);
+    # sub-rails that lie inside another rail (TX2's VDD_SYS_GPU inside VDD_IN) are False
+
+
+# the groups the summary aggregates, and their SI units after `scale`
+POWER = "power"  # gauge, W
+ENERGY = "energy"  # counter, J
+GPU_UTIL = "gpu_util"  # gauge, %
 
 
 class Sensor(abc.ABC):

@@ -1,0 +1,136 @@
+"""NVIDIA Jetson power rails (INA3221 monitors) and GPU load, straight from sysfs.
+
+Two layouts, both under a configurable root (`sysfs_root`: tests use a fake tree; a container may mount
+the host's sysfs elsewhere):
+- JetPack 4 (TX2, Xavier), iio driver: `sys/bus/i2c/drivers/ina3221x/<bus>-<addr>/iio:deviceN/`
+  `rail_name_K` (the rail's label) and `in_powerK_input` (mW).
+- JetPack 5+ (Orin), hwmon driver: `sys/bus/i2c/drivers/ina3221/<bus>-<addr>/hwmon/hwmonN/`
+  `inK_label`, `inK_input` (bus voltage, mV) and `currK_input` (mA); power = V x I. The channel labelled
+  as the sum of shunt voltages (in7 on Orin) and channels labelled "NC" (not connected) are skipped.
+GPU load: `sys/devices/gpu.0/load` (per mille, older L4T) or the `load` file of the GPU's devfreq device
+(`sys/class/devfreq/<gpu>/device/load`, Orin).
+"""
+from __future__ import annotations
+
+import glob
+import os
+import re
+from typing import List, Optional, Sequence, Tuple
+
+from mtbench.sampling.sensor import GAUGE, GPU_UTIL, POWER, Field, Sensor, SensorUnavailable
+from mtbench.sampling.sysfs import AttrFile, read_text
+
+IIO_GLOB = "sys/bus/i2c/drivers/ina3221x/*/iio:device*"
+HWMON_GLOB = "sys/bus/i2c/drivers/ina3221/*/hwmon/hwmon*"
+# rails that carry the whole module's input: the total energy is theirs alone (the others lie inside them)
+INPUT_RAILS = ("VDD_IN", "POM_5V_IN")
+GPU_DEVFREQ_NAMES = ("gpu", "gp10b", "gv11b", "ga10b", "gb10b")
+
+
+def _rail_key(label: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_]+", "_", label).strip("_") or "rail"
+
+
+def find_iio_rails(root: str) -> List[Tuple[str, str]]:
+    """[(label, power file in mW)] for every iio INA3221 channel with a rail name."""
+    rails = []
+    for dev in sorted(glob.glob(os.path.join(root, IIO_GLOB))):
+        for name_file in sorted(glob.glob(os.path.join(dev, "rail_name_*"))):
+            k = name_file.rsplit("_", 1)[1]
+            label = read_text(name_file)
+            power = os.path.join(dev, f"in_power{k}_input")
+            if label and os.path.exists(power):
+                rails.append((label, power))
+    return rails
+
+
+def find_hwmon_rails(root: str) -> List[Tuple[str, str, str]]:
+    """[(label, voltage file in mV, current file in mA)] for every connected hwmon INA3221 channel."""
+    rails = []
+    for dev in sorted(glob.glob(os.path.join(root, HWMON_GLOB))):
+        for label_file in sorted(glob.glob(os.path.join(dev, "in*_label"))):
+            k = re.match(r"in(\d+)_label", os.path.basename(label_file)).group(1)
+            label = read_text(label_file) or ""
+            volt, curr = os.path.join(dev, f"in{k}_input"), os.path.join(dev, f"curr{k}_input")
+            if not label or label.upper() == "NC" or "sum" in label.lower() or not os.path.exists(curr):
+                continue
+            rails.append((label, volt, curr))
+    return rails
+
+
+def find_gpu_load(root: str) -> Optional[str]:
+    legacy = os.path.join(root, "sys/devices/gpu.0/load")
+    if os.path.exists(legacy):
+        return legacy
+    for dev in sorted(glob.glob(os.path.join(root, "sys/class/devfreq/*"))):
+        load = os.path.join(dev, "device/load")
+        if any(n in os.path.basename(dev).lower() for n in GPU_DEVFREQ_NAMES) and os.path.exists(load):
+            return load
+    return None
+
+
+class _Rail:
+    """One rail: read() gives its power in mW (None when a file gave nothing)."""
+
+    def __init__(self, label: str, files: Sequence[str]) -> None:
+        self.label = label
+        self.files = [AttrFile(f) for f in files]
+
+    def read_mw(self) -> Optional[float]:
+        values = [f.read_int() for f in self.files]
+        if any(v is None for v in values):
+            return None
+        if len(values) == 1:
+            return float(values[0])
+        return values[0] * values[1] / 1000.0  # mV x mA / 1000 = mW
+
+    def close(self) -> None:
+        for f in self.files:
+            f.close()
+
+
+class JetsonSensor(Sensor):
+    name = "jetson"
+
+    def __init__(self, sysfs_root: str = "/") -> None:
+        root = str(sysfs_root)
+        if not os.path.isdir(root):
+            raise SensorUnavailable(f"sysfs_root={root!r} is not a directory")
+        found = [(label, [power]) for label, power in find_iio_rails(root)]
+        self.layout = "iio (JetPack 4: TX2 / Xavier)" if found else None
+        if not found:
+            found = [(label, [volt, curr]) for label, volt, curr in find_hwmon_rails(root)]
+            self.layout = "hwmon (JetPack 5+: Orin)" if found else None
+        if not found:
+            raise SensorUnavailable(
+                f"no INA3221 rails under {os.path.join(root, IIO_GLOB)} (TX2/Xavier) "
+                f"nor {os.path.join(root, HWMON_GLOB)} (Orin)")
+        try:
+            self.rails = [_Rail(label, files) for label, files in found]
+        except OSError as exc:
+            raise SensorUnavailable(f"cannot open {exc.filename}: {exc.strerror}") from None
+        has_input = any(r.label in INPUT_RAILS for r in self.rails)
+        self._fields = [
+            Field(f"{_rail_key(r.label)}_power_mw", GAUGE, POWER, r.label, 1e-3,
+                  total=(r.label in INPUT_RAILS) if has_input else True)
+            for r in self.rails
+        ]
+        load_path = find_gpu_load(root)
+        self.gpu_load = AttrFile(load_path) if load_path else None
+        if self.gpu_load is not None:
+            self._fields.append(Field("gpu_load_permille", GAUGE, GPU_UTIL, "0", 0.1))
+
+    def fields(self) -> List[Field]:
+        return list(self._fields)
+
+    def read(self) -> List[Optional[float]]:
+        out: List[Optional[float]] = [r.read_mw() for r in self.rails]
+        if self.gpu_load is not None:
+            out.append(self.gpu_load.read_int())
+        return out
+
+    def close(self) -> None:
+        for r in self.rails:
+            r.close()
+        if self.gpu_load is not None:
+            self.gpu_load.close()
