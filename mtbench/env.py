@@ -5,8 +5,6 @@ import os
 import platform
 from typing import Any, Dict
 
-import torch
-
 
 def cpu_model() -> str:
     try:
@@ -20,35 +18,37 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def device_name(device: torch.device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    return cpu_model()
-
-
-def describe(device: torch.device) -> Dict[str, Any]:
-    import hydra
+def host() -> Dict[str, Any]:
+    """The machine, without importing torch (mtbench-sample uses this alone)."""
     import numpy
-    import torchvision
 
     import mtbench
 
     return {
-        "versions": {
-            "mtbench": mtbench.__version__,
-            "python": platform.python_version(),
-            "torch": torch.__version__,
-            "torchvision": torchvision.__version__,
-            "hydra": hydra.__version__,
-            "numpy": numpy.__version__,
-            "cuda": torch.version.cuda,
-            "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
-        },
+        "versions": {"mtbench": mtbench.__version__, "python": platform.python_version(), "numpy": numpy.__version__},
         "host": platform.node(),
         "platform": platform.platform(),
         "machine": platform.machine(),
-        "device_name": device_name(device),
+        "device_name": cpu_model(),
         "cpu_model": cpu_model(),
         "cpu_count": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
     }
+
+
+def describe(device: Any) -> Dict[str, Any]:
+    """host() plus the torch stack and the training device."""
+    import hydra
+    import torch
+    import torchvision
+
+    out = host()
+    out["versions"].update({
+        "torch": torch.__version__,
+        "torchvision": torchvision.__version__,
+        "hydra": hydra.__version__,
+        "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+    })
+    out["device_name"] = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_model()
+    out["torch_threads"] = torch.get_num_threads()
+    return out

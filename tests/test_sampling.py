@@ -43,10 +43,10 @@ def test_cpu_of_a_known_load_within_5_points(duty):
     child.wait()
     samples = sampler.stop()
     sensor.close()
-    measured = process_cpu_pct(samples, start, end)
+    measured = process_cpu_pct(samples, [(start, end)])
     assert measured == pytest.approx(truth, abs=5), (measured, truth)
     # the same ticks seen system-wide: the busy cores together carry at least the child's load
-    cpu = cpu_utilization(samples, start, end)
+    cpu = cpu_utilization(samples, [(start, end)])
     assert cpu["mean"] * len(cpu["per_core"]) >= truth - 5
 
 

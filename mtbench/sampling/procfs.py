@@ -7,7 +7,7 @@ keeps the cumulative counters and the aggregation differences them at the window
 from __future__ import annotations
 
 import os
-from typing import List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence
 
 from mtbench.sampling.sensor import COUNTER, GAUGE, Field, Sensor, SensorUnavailable
 
@@ -34,20 +34,52 @@ def parse_proc_stat(text: bytes) -> List[tuple]:
     return cores
 
 
+class _ProcFiles:
+    """/proc/<pid>/stat and statm of one process, kept open."""
+
+    def __init__(self, pid_dir: str) -> None:
+        self.stat_fd = os.open(os.path.join(pid_dir, "stat"), os.O_RDONLY)
+        try:
+            self.statm_fd = os.open(os.path.join(pid_dir, "statm"), os.O_RDONLY)
+        except OSError:
+            os.close(self.stat_fd)
+            raise
+        self.last_ticks = 0
+
+    def read(self) -> tuple:
+        """(CPU ticks, RSS bytes); OSError / ValueError once the process has exited."""
+        # the command name in field 2 may contain spaces: split after its closing parenthesis
+        rest = _read(self.stat_fd).rsplit(b")", 1)[1].split()
+        self.last_ticks = int(rest[11]) + int(rest[12])  # utime + stime, fields 14 and 15
+        return self.last_ticks, int(_read(self.statm_fd).split()[1]) * PAGE_SIZE
+
+    def close(self) -> None:
+        for fd in (self.stat_fd, self.statm_fd):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
 class ProcfsSensor(Sensor):
-    """Per-core busy/total ticks (counters), and the CPU ticks (counter) and RSS (gauge) of one process."""
+    """Per-core busy/total ticks (counters), and the CPU ticks (counter) and RSS (gauge) of one process,
+    or with `tree=True` of a process and all its descendants (found again every `TREE_REFRESH` reads)."""
 
     name = "procfs"
+    TREE_REFRESH = 20  # reads between scans for new child processes (a scan walks /proc)
 
-    def __init__(self, proc_root: str = "/proc", pid: Optional[int] = None) -> None:
+    def __init__(self, proc_root: str = "/proc", pid: Optional[int] = None, tree: bool = False) -> None:
+        self.proc_root = proc_root
         self._stat_path = os.path.join(proc_root, "stat")
-        pid_dir = os.path.join(proc_root, str(pid) if pid else "self")
+        self.pid = pid
+        self.tree = tree
         try:
             self._stat_fd = os.open(self._stat_path, os.O_RDONLY)
-            self._pid_stat_fd = os.open(os.path.join(pid_dir, "stat"), os.O_RDONLY)
-            self._statm_fd = os.open(os.path.join(pid_dir, "statm"), os.O_RDONLY)
+            self._procs: Dict[int, _ProcFiles] = {pid or 0: _ProcFiles(os.path.join(proc_root, str(pid) if pid else "self"))}
         except OSError as exc:
             raise SensorUnavailable(f"cannot open {exc.filename}: {exc.strerror}") from None
+        self._gone_ticks = 0  # CPU ticks of tree members that have exited
+        self._reads = 0
         self._cores = [c for c, _, _ in parse_proc_stat(_read(self._stat_fd))]
         if not self._cores:
             raise SensorUnavailable(f"{self._stat_path} lists no cpuN lines")
@@ -65,6 +97,59 @@ class ProcfsSensor(Sensor):
     def fields(self) -> List[Field]:
         return list(self._fields)
 
+    def _descendants(self) -> List[int]:
+        """Every descendant of the root: from /proc/<pid>/task/*/children where the kernel has it
+        (CONFIG_PROC_CHILDREN), else through psutil (which walks all of /proc)."""
+        found, stack = [], [self.pid]
+        while stack:
+            task_dir = os.path.join(self.proc_root, str(stack.pop()), "task")
+            try:
+                for tid in os.listdir(task_dir):
+                    with open(os.path.join(task_dir, tid, "children"), "rb") as f:
+                        kids = [int(c) for c in f.read().split()]
+                        found += kids
+                        stack += kids
+            except FileNotFoundError:
+                if os.path.isdir(task_dir):  # the process lives but the kernel has no children files
+                    return self._descendants_psutil()
+            except (OSError, ValueError):
+                continue
+        return found
+
+    def _descendants_psutil(self) -> List[int]:
+        import psutil
+
+        try:
+            return [c.pid for c in psutil.Process(self.pid).children(recursive=True)]
+        except psutil.Error:
+            return []
+
+    def _refresh_tree(self) -> None:
+        for pid in self._descendants():
+            if pid not in self._procs:
+                try:
+                    self._procs[pid] = _ProcFiles(os.path.join(self.proc_root, str(pid)))
+                except OSError:  # already gone
+                    pass
+
+    def _read_procs(self) -> tuple:
+        ticks, rss, alive = self._gone_ticks, 0, 0
+        for key in list(self._procs):
+            files = self._procs[key]
+            try:
+                t, r = files.read()
+            except (OSError, IndexError, ValueError):  # exited: keep the CPU time it had used
+                if self.tree:
+                    self._gone_ticks += files.last_ticks
+                    ticks += files.last_ticks
+                    files.close()
+                    del self._procs[key]
+                continue
+            ticks, rss, alive = ticks + t, rss + r, alive + 1
+        if not alive and not self.tree:
+            return None, None
+        return ticks, (rss if alive else None)
+
     def read(self) -> Sequence[Optional[float]]:
         out: List[Optional[float]] = []
         by_core = {c: (b, t) for c, b, t in parse_proc_stat(_read(self._stat_fd))}
@@ -72,21 +157,19 @@ class ProcfsSensor(Sensor):
             # a core taken offline (Jetson power modes do this) disappears from /proc/stat: None, not 0
             busy, total = by_core.get(c, (None, None))
             out += [busy, total]
-        try:
-            # the command name in field 2 may contain spaces: split after its closing parenthesis
-            rest = _read(self._pid_stat_fd).rsplit(b")", 1)[1].split()
-            out.append(int(rest[11]) + int(rest[12]))  # utime + stime, fields 14 and 15
-            out.append(int(_read(self._statm_fd).split()[1]) * PAGE_SIZE)
-        except (OSError, IndexError, ValueError):  # the process exited
-            out += [None, None]
+        if self.tree and self._reads % self.TREE_REFRESH == 0:
+            self._refresh_tree()
+        self._reads += 1
+        out.extend(self._read_procs())
         return out
 
     def close(self) -> None:
-        for fd in (self._stat_fd, self._pid_stat_fd, self._statm_fd):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+        try:
+            os.close(self._stat_fd)
+        except OSError:
+            pass
+        for files in self._procs.values():
+            files.close()
 
 
 USER_HZ = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100

@@ -21,8 +21,17 @@ def max_gap_s(interval_ms: float) -> float:
     return max(0.05, MAX_GAP_INTERVALS * interval_ms / 1000.0)
 
 
-def cpu_utilization(samples: Samples, start: float, end: float) -> Optional[Dict[str, Any]]:
-    """Per-core and mean busy % over [start, end] from /proc/stat tick deltas (exact up to one tick an edge)."""
+Window = Tuple[float, float]  # (start_s, end_s) on the monotonic clock
+
+
+def _counter_sum(samples: Samples, name: str, spans: Sequence[Window]) -> Optional[float]:
+    """A counter's growth summed over several windows (the steps, without the gaps between them)."""
+    deltas = [aggregate.counter_delta(samples.time_s, samples.columns[name], a, b) for a, b in spans]
+    return None if not deltas or any(d is None for d in deltas) else float(sum(deltas))
+
+
+def cpu_utilization(samples: Samples, spans: Sequence[Window]) -> Optional[Dict[str, Any]]:
+    """Per-core and mean busy % over the windows from /proc/stat tick deltas (exact up to a tick an edge)."""
     busy_fields = samples.group("cpu_busy")
     total_by_core = {f.key: f for f in samples.group("cpu_total")}
     if not busy_fields:
@@ -30,8 +39,8 @@ def cpu_utilization(samples: Samples, start: float, end: float) -> Optional[Dict
     per_core: List[Optional[float]] = []
     busy_sum = total_sum = 0.0
     for f in busy_fields:
-        busy = aggregate.counter_delta(samples.time_s, samples.columns[f.name], start, end)
-        total = aggregate.counter_delta(samples.time_s, samples.columns[total_by_core[f.key].name], start, end)
+        busy = _counter_sum(samples, f.name, spans)
+        total = _counter_sum(samples, total_by_core[f.key].name, spans)
         if busy is None or total is None or total <= 0:
             per_core.append(None)
             continue
@@ -42,13 +51,14 @@ def cpu_utilization(samples: Samples, start: float, end: float) -> Optional[Dict
     return {"mean": mean, "per_core": per_core}
 
 
-def process_cpu_pct(samples: Samples, start: float, end: float) -> Optional[float]:
-    """CPU time of the measured process (tree) over [start, end], in % of one core (can exceed 100)."""
+def process_cpu_pct(samples: Samples, spans: Sequence[Window]) -> Optional[float]:
+    """CPU time of the measured process (tree) over the windows, in % of one core (can exceed 100)."""
     fields = samples.group("proc_cpu")
-    if not fields or end <= start:
+    seconds = sum(b - a for a, b in spans)
+    if not fields or seconds <= 0:
         return None
-    ticks = aggregate.counter_delta(samples.time_s, samples.columns[fields[0].name], start, end)
-    return None if ticks is None else 100.0 * ticks / USER_HZ / (end - start)
+    ticks = _counter_sum(samples, fields[0].name, spans)
+    return None if ticks is None else 100.0 * ticks / USER_HZ / seconds
 
 
 class Rails:
@@ -83,14 +93,16 @@ def _sum(values: Sequence[Optional[float]]) -> Optional[float]:
     return None if not values or any(v is None for v in values) else float(sum(values))
 
 
-def gpu_utilization(samples: Samples, start: float, end: float, interval_ms: float) -> Optional[Dict[str, Any]]:
+def gpu_utilization(samples: Samples, spans: Sequence[Window], interval_ms: float) -> Optional[Dict[str, Any]]:
     fields = samples.group(GPU_UTIL)
-    if not fields:
+    seconds = sum(b - a for a, b in spans)
+    if not fields or seconds <= 0:
         return None
     per_gpu = {}
     for f in fields:
-        m = aggregate.mean(samples.time_s, samples.columns[f.name], start, end, max_gap_s(interval_ms))
-        per_gpu[f.key] = None if m is None else m * f.scale
+        areas = [aggregate.integral(samples.time_s, samples.columns[f.name], a, b, max_gap_s(interval_ms))
+                 for a, b in spans]
+        per_gpu[f.key] = None if any(x is None for x in areas) else sum(areas) / seconds * f.scale
     known = [v for v in per_gpu.values() if v is not None]
     return {"mean": sum(known) / len(known) if known else None, "per_gpu": per_gpu}
 
@@ -105,10 +117,11 @@ def summarize(samples: Samples, marks: Sequence[StepMark], interval_ms: float) -
         reason = "no measured step" if not measured else "too few samples"
         out["unavailable"] = {k: reason for k in out}
         return out
-    start, end = measured[0].start_s, measured[-1].end_s
-    out["cpu_util_pct"] = cpu_utilization(samples, start, end)
-    out["process_cpu_pct"] = process_cpu_pct(samples, start, end)
-    out["gpu_util_pct"] = gpu_utilization(samples, start, end, interval_ms)
+    # over the steps themselves: any gap between them (a data loader, logging) is not counted
+    spans = [(m.start_s, m.end_s) for m in measured]
+    out["cpu_util_pct"] = cpu_utilization(samples, spans)
+    out["process_cpu_pct"] = process_cpu_pct(samples, spans)
+    out["gpu_util_pct"] = gpu_utilization(samples, spans, interval_ms)
     rails = Rails(samples, interval_ms)
     if rails.names:
         per_step = {r: [rails.energy_j(r, m.start_s, m.end_s) for m in measured] for r in rails.names}
@@ -138,11 +151,12 @@ def step_rows(marks: Sequence[StepMark], samples: Samples, interval_ms: float) -
               "gpu_util_pct"] + [f"energy_j_{r}" for r in rails.names] + (["energy_j_total"] if rails.names else [])
     rows = []
     for m in marks:
-        cpu = cpu_utilization(samples, m.start_s, m.end_s)
-        gpu = gpu_utilization(samples, m.start_s, m.end_s, interval_ms)
+        span = [(m.start_s, m.end_s)]
+        cpu = cpu_utilization(samples, span)
+        gpu = gpu_utilization(samples, span, interval_ms)
         energies = [rails.energy_j(r, m.start_s, m.end_s) for r in rails.names]
         row = [m.index, f"{m.start_s:.6f}", f"{m.end_s:.6f}", f"{m.end_s - m.start_s:.6f}", int(m.warmup),
-               _round(cpu and cpu["mean"]), _round(process_cpu_pct(samples, m.start_s, m.end_s)),
+               _round(cpu and cpu["mean"]), _round(process_cpu_pct(samples, span)),
                _round(gpu and gpu["mean"])] + [_round(e, 6) for e in energies]
         if rails.names:
             row.append(_round(_sum([e for r, e in zip(rails.names, energies) if r in rails.total]), 6))

@@ -1,0 +1,152 @@
+"""`mtbench-sample [options] -- CMD ARGS...`: sample the system and a command's process tree while it runs.
+
+Framework-agnostic: imports no torch, so it measures a TensorFlow, JAX or any other program the same way.
+It passes the command's exit code through and writes `summary.json` (schema mtbench.summary/1, `model`
+null) and `samples.csv` into the output folder, plus `steps.csv` when the program marks its steps (see
+mtbench/marker.py: the file named by MTBENCH_STEP_FILE).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import List, Optional
+
+from mtbench import env, results
+from mtbench.marker import ENV as STEP_FILE_ENV
+from mtbench.sampling import SENSORS, Sampler, SensorUnavailable, StepMark, open_sensors, windows
+from mtbench.sampling.procfs import ProcfsSensor
+
+
+def _fail(message: str) -> None:
+    print(f"mtbench-sample: error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def parse_args(argv: List[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="mtbench-sample",
+        description="Run CMD and sample CPU per core, the RSS and CPU time of its process tree and every "
+                    "available sensor until it exits.",
+        epilog="Mark steps from the program: `from mtbench.marker import step; with step(): ...`, or append "
+               f"'<start> <end>' monotonic seconds per line to the file ${STEP_FILE_ENV}.")
+    parser.add_argument("--interval-ms", type=float, default=5.0, help="sampling period (default 5)")
+    parser.add_argument("--sensors", default="auto",
+                        help=f"comma-separated sensors besides procfs ({', '.join(s for s in SENSORS if s != 'procfs')}), "
+                             "'auto' (default: every available one) or 'none'")
+    parser.add_argument("--sysfs-root", default="/", help="where sysfs is found (default /)")
+    parser.add_argument("--warmup", type=int, default=0, help="marked steps to leave out of the figures (default 0)")
+    parser.add_argument("--out", default=None, help="output folder (default mtbench-sample/<date>/<time>)")
+    parser.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
+    args = parser.parse_args(argv)
+    if args.command and args.command[0] == "--":
+        args.command = args.command[1:]
+    if not args.command:
+        _fail("no command given; usage: mtbench-sample [options] -- CMD ARGS...")
+    if not args.interval_ms > 0:
+        _fail(f"--interval-ms={args.interval_ms} is out of range; allowed: a number > 0")
+    if args.warmup < 0:
+        _fail(f"--warmup={args.warmup} is out of range; allowed: a whole number >= 0")
+    return args
+
+
+def read_marks(path: Path, warmup: int) -> List[StepMark]:
+    marks = []
+    if not path.exists():
+        return marks
+    for line in path.read_text().splitlines():
+        parts = line.split()
+        try:
+            start, end = float(parts[0]), float(parts[1])
+        except (IndexError, ValueError):
+            continue  # a malformed line is skipped, not fatal
+        marks.append(StepMark(len(marks), start, end, len(marks) < warmup))
+    return marks
+
+
+def main(argv: Optional[List[str]] = None) -> None:
+    args = parse_args(list(sys.argv[1:] if argv is None else argv))
+    out = Path(args.out or Path("mtbench-sample") / datetime.now().strftime("%Y-%m-%d/%H-%M-%S"))
+    out.mkdir(parents=True, exist_ok=True)
+    names = [n for n in args.sensors.split(",") if n and n not in ("none", "procfs")]
+    options = {"jetson": {"sysfs_root": args.sysfs_root}, "rapl": {"sysfs_root": args.sysfs_root}}
+    try:
+        # every other sensor is probed before the command starts, so that a bad one stops nothing running
+        extra, status = open_sensors([n for n in names if n != "auto"] or (["auto"] if "auto" in names else []),
+                                     options) if names else ([], [])
+    except SensorUnavailable as exc:
+        _fail(str(exc))
+    extra = [s for s in extra if s.name != "procfs"]
+    status = [s for s in status if s["name"] != "procfs"]
+    step_file = out / "steps.txt"
+    step_file.unlink(missing_ok=True)  # a rerun into the same folder starts without old marks
+    child_env = dict(os.environ, **{STEP_FILE_ENV: str(step_file.resolve())})
+    t_start = time.monotonic()
+    try:
+        child = subprocess.Popen(args.command, env=child_env)
+    except OSError as exc:
+        _fail(f"cannot run {args.command[0]!r}: {exc.strerror}")
+    procfs = ProcfsSensor(pid=child.pid, tree=True)
+    status.insert(0, {"name": "procfs", "available": True, "reason": None, "fields": [f.name for f in procfs.fields()]})
+    sampler = Sampler([procfs] + extra, args.interval_ms).start()
+    interrupted = False
+    try:
+        code = child.wait()
+    except KeyboardInterrupt:  # Ctrl-C reached the command too (same process group): let it finish
+        interrupted = True
+        code = child.wait()
+    t_end = time.monotonic()
+    samples = sampler.stop()
+    for sensor in sampler.sensors:
+        sensor.close()
+    marks = read_marks(step_file, args.warmup)
+    for m in marks:
+        sampler.mark_step(m.index, m.start_s, m.end_s, m.warmup)
+    write(out, args, code, interrupted, samples, sampler, marks, status, t_start, t_end)
+    sys.exit(code if code >= 0 else 128 - code)  # a signal -N exits as 128 + N, as a shell reports it
+
+
+def write(out, args, code, interrupted, samples, sampler, marks, status, t_start, t_end) -> None:
+    measured = [m for m in marks if not m.warmup]
+    # without marked steps the figures cover the whole run (from the first sample on), as one window
+    first = float(samples.time_s[0]) if len(samples) else t_start
+    windows_for = measured or [StepMark(0, max(t_start, first), t_end, False)]
+    telemetry = windows.summarize(samples, windows_for, args.interval_ms)
+    rss = samples.columns.get("proc_rss_bytes")
+    durations = [m.end_s - m.start_s for m in measured]
+    failure = None
+    if interrupted:
+        failure = {"kind": "interrupted", "message": "interrupted by the user (Ctrl-C)"}
+    elif code != 0:
+        failure = {"kind": "error", "message": f"command exited with code {code}"}
+    summary = {
+        "schema": results.SCHEMA, "model": None, "batch_size": None, "device": "host", "data": None,
+        "success": code == 0 and not interrupted, "failure": failure,
+        "command": args.command, "exit_code": code, "duration_s": t_end - t_start,
+        "window": "marked steps" if measured else "whole run",
+        "warmup_steps": len(marks) - len(measured), "measured_steps": len(measured),
+        "step_time_s": results.stats(durations), "throughput_samples_per_s": None,
+        **{k: telemetry.get(k) for k in ("cpu_util_pct", "process_cpu_pct", "gpu_util_pct", "power_w", "energy_j")},
+        "unavailable": dict(telemetry["unavailable"], throughput_samples_per_s="the command's batch size is unknown"),
+        # sampled every interval: a spike shorter than one interval can be missed
+        "mem_peak_bytes": int(max(v for v in rss if v == v)) if rss is not None and (rss == rss).any() else None,
+        "mem_peak_source": "process_tree_rss_sampled",
+        "sampler": {**sampler.stats(), "sensors": status},
+        "env": env.host(),
+    }
+    if marks:
+        header, rows = windows.step_rows(marks, samples, args.interval_ms)
+        results.write_steps(out, header, rows)
+    results.write_samples(out, samples)
+    results.write_summary(out, summary)
+    print(f"mtbench-sample: exit code {code}; {len(samples)} samples; {len(measured)} steps; results in {out}",
+          file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
