@@ -4,6 +4,7 @@ from __future__ import annotations
 from typing import Any, Dict, Optional
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 console = Console(stderr=False, highlight=False)
@@ -47,3 +48,23 @@ def print_summary(summary: Dict[str, Any], out_dir: str) -> None:
     table.add_row("peak memory", f"{fmt_bytes(summary.get('mem_peak_bytes'))} ({summary.get('mem_peak_source')})")
     table.add_row("results", str(out_dir))
     console.print(table)
+
+
+def print_top_ops(header, rows, top: int = 8) -> None:
+    """The operations that took the most time, and those that took the most energy."""
+    col = {h: i for i, h in enumerate(header)}
+    ops = [r for r in rows if r[col["device"]] is not None]
+    for key, title in (("total_s", "time"), ("energy_j", "energy")):
+        ranked = sorted((r for r in ops if r[col[key]] is not None), key=lambda r: -r[col[key]])[:top]
+        if not ranked:
+            console.print(f"top operations by {title}: not measured on this machine")
+            continue
+        table = Table(title=f"top operations by {title}")
+        for h in ("name", "calls", "total_s", "share", "energy_j"):
+            table.add_column(h, justify="left" if h == "name" else "right")
+        for r in ranked:
+            share = r[col["share_of_step_time"]]
+            energy = r[col["energy_j"]]
+            table.add_row(escape(str(r[0])[:60]), str(r[col["calls"]]), f"{r[col['total_s']]:.4f}",
+                          "" if share is None else f"{100 * share:.1f} %", "n/a" if energy is None else f"{energy:.4f}")
+        console.print(table)

@@ -26,12 +26,17 @@ REQUIRED_KEYS = (
 )
 
 
+_UMASK = os.umask(0)
+os.umask(_UMASK)
+
+
 def atomic_write(path: Path, text: str) -> None:
     """Write via a temp file in the same folder and rename, so a reader never sees half a file."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600; results are ordinary files
         with os.fdopen(fd, "w", newline="") as f:
             f.write(text)
             f.flush()
@@ -43,13 +48,21 @@ def atomic_write(path: Path, text: str) -> None:
         raise
 
 
-def _csv_text(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
+def csv_text(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
     writer.writerow(header)
     for row in rows:
-        writer.writerow(["" if v is None or (isinstance(v, float) and math.isnan(v)) else v for v in row])
+        writer.writerow([_cell(v) for v in row])
     return buf.getvalue()
+
+
+def _cell(v: Any) -> Any:
+    if v is None or (isinstance(v, (float, np.floating)) and math.isnan(v)):
+        return ""
+    if isinstance(v, (float, np.floating)):
+        return f"{float(v):.6g}"
+    return v
 
 
 def _clean(value: Any) -> Any:
@@ -72,14 +85,14 @@ def write_summary(out_dir: Path, summary: Dict[str, Any]) -> Path:
 
 
 def write_steps(out_dir: Path, header: Sequence[str], rows: List[Sequence[Any]]) -> None:
-    atomic_write(Path(out_dir) / "steps.csv", _csv_text(header, rows))
+    atomic_write(Path(out_dir) / "steps.csv", csv_text(header, rows))
 
 
 def write_samples(out_dir: Path, samples: Samples) -> None:
     names = [f.name for f in samples.fields]
     cols = [samples.columns[n] for n in names]
     rows = ([f"{t:.6f}"] + [_fmt(c[i]) for c in cols] for i, t in enumerate(samples.time_s))
-    atomic_write(Path(out_dir) / "samples.csv", _csv_text(["time_s"] + names, rows))
+    atomic_write(Path(out_dir) / "samples.csv", csv_text(["time_s"] + names, rows))
 
 
 def _fmt(v: float) -> Optional[str]:

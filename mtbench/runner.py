@@ -62,6 +62,9 @@ class Job:
         self.sampler: Optional[Sampler] = None
         self.sensor_status: List[dict] = []
         self.last_summary: Dict[str, Any] = {}
+        self.profile = bool(cfg.get("profile", False))
+        self.profiler = None  # a profiling.Profiler once the profiled steps ran
+        self.reference: List[float] = []  # unprofiled step times, for the profiler's overhead
 
     def open_sampler(self) -> None:
         options = OmegaConf.to_container(self.cfg.sampler.get("options", {}) or {}, resolve=True)
@@ -92,9 +95,23 @@ class Job:
         # skip `warmup` steps: the allocator, cuDNN autotuner and caches settle in them
         for i in range(spec.warmup):
             self._timed_step(i, warmup=True)
+        first = spec.warmup
+        if self.profile:
+            # as many unprofiled steps first (marked warm-up: not measured), to measure the profiler's overhead
+            for i in range(first, first + spec.steps):
+                self.reference.append(self._timed_step(i, warmup=True))
+            first += spec.steps
         peak.reset()
-        for i in range(spec.warmup, spec.warmup + spec.steps):
-            self.durations.append(self._timed_step(i, warmup=False))
+        if self.profile:
+            from mtbench.profiling import Profiler
+
+            self.profiler = Profiler(self.device, self.workload.modules())
+            with self.profiler:
+                for i in range(first, first + spec.steps):
+                    self.durations.append(self._timed_step(i, warmup=False))
+        else:
+            for i in range(first, first + spec.steps):
+                self.durations.append(self._timed_step(i, warmup=False))
         self.mem = peak.read()
 
     def _timed_step(self, index: int, warmup: bool) -> float:
@@ -180,8 +197,35 @@ def run_job(cfg: DictConfig, out_dir: Path) -> Dict[str, Any]:
     return job.last_summary
 
 
+def _profile(job: Job, samples) -> Optional[Dict[str, Any]]:
+    """Join the profiled steps' ops and layers with the telemetry; None when nothing was profiled."""
+    if job.profiler is None or samples is None or job.sampler is None:
+        return None
+    from mtbench import profiling
+    from mtbench.console import print_top_ops
+
+    steps = [(m.start_s, m.end_s) for m in job.sampler.marks if not m.warmup]
+    figures = profiling.finish(job.profiler, samples, steps, job.interval_ms, job.out_dir)
+    print_top_ops(figures.pop("_header"), figures.pop("_rows"))
+    reference = results.stats(job.reference)
+    profiled = results.stats(job.durations)
+    return {
+        "steps": len(job.durations),
+        "unprofiled_step_time_s": reference,
+        "overhead_ratio": profiled["median"] / reference["median"] if reference and profiled else None,
+        **figures,
+    }
+
+
 def _write(job: Job, samples) -> None:
     summary = job.summary(samples)
+    summary["profiled"] = job.profiler is not None
+    if job.profiler is not None:
+        try:
+            summary["profile"] = _profile(job, samples)
+        except Exception as exc:  # the measurements stand without the attribution; say why it is missing
+            summary["profile"] = {"error": f"{type(exc).__name__}: {exc}"}
+            log.warning("profile attribution failed", exc_info=True)
     if samples is not None and job.sampler is not None:
         header, rows = windows.step_rows(job.sampler.marks, samples, job.interval_ms)
         results.write_steps(job.out_dir, header, rows)

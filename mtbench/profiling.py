@@ -1,0 +1,185 @@
+"""`profile=true`: operator intervals from torch.profiler and layer intervals from module hooks, put on the
+sampler's clock and joined with the telemetry (ops.csv, layers.csv), and a Perfetto-readable trace with
+power, CPU and GPU load as counter tracks beside the ops (trace.json.gz).
+
+Clock calibration: the profiler stamps events on its own clock. Just before the profiled steps and just
+after them the runner opens an empty `record_function("mtbench::clock_sync")` between two reads of
+time.monotonic(); the event's midpoint is matched to the midpoint of the two reads, which gives the offset
+(error below half the bracket, a few microseconds), and the second sync measures the drift between them.
+"""
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+from torch.profiler import ProfilerActivity, profile, record_function
+
+from mtbench.results import atomic_write, csv_text
+from mtbench.sampling import Samples
+from mtbench.sampling.attribution import Interval, attribute
+from mtbench.sampling.sensor import GPU_UTIL, POWER
+
+SYNC = "mtbench::clock_sync"
+HOST_CATS = ("cpu_op", "user_annotation")
+DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
+BACKWARD_PREFIX = "autograd::engine::evaluate_function: "
+
+
+class Profiler:
+    """Wraps the profiled steps: `with prof:` around them, then `finish(...)` writes the files."""
+
+    def __init__(self, device: torch.device, modules: Sequence[torch.nn.Module]) -> None:
+        os.environ.setdefault("KINETO_LOG_LEVEL", "5")  # quiet Kineto's start/stop lines
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+        self.prof = profile(activities=activities)
+        self.syncs: List[float] = []
+        self.layers: List[Interval] = []
+        self._hooks: List[Any] = []
+        self._modules = modules
+
+    def _sync_mark(self) -> None:
+        before = time.monotonic()
+        with record_function(SYNC):
+            pass
+        self.syncs.append((before + time.monotonic()) / 2)
+
+    def _hook_layers(self) -> None:
+        """Forward intervals of every leaf module (host time: on CUDA they show launch, not kernel, time)."""
+        open_at: Dict[int, float] = {}
+        for k, net in enumerate(self._modules):
+            for name, module in net.named_modules():
+                if any(True for _ in module.children()):
+                    continue
+                label = f"{name or type(module).__name__} ({type(module).__name__})"
+                if len(self._modules) > 1:
+                    label = f"net{k}.{label}"
+
+                def pre(mod, _inp, key=id(module)):
+                    open_at[key] = time.monotonic()
+
+                def post(mod, _inp, _out, key=id(module), label=label):
+                    self.layers.append(Interval(label, open_at.pop(key, time.monotonic()), time.monotonic()))
+
+                self._hooks.append(module.register_forward_pre_hook(pre))
+                self._hooks.append(module.register_forward_hook(post))
+
+    def __enter__(self) -> "Profiler":
+        self._hook_layers()
+        self.prof.__enter__()
+        self._sync_mark()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._sync_mark()
+        self.prof.__exit__(*exc)
+        for h in self._hooks:
+            h.remove()
+
+    def events(self) -> Tuple[List[dict], float, Optional[float]]:
+        """(trace events, offset s such that monotonic = ts_us / 1e6 + offset, drift in us)."""
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "trace.json")
+            self.prof.export_chrome_trace(path)
+            with open(path) as f:
+                trace = json.load(f)
+        events = trace["traceEvents"] if isinstance(trace, dict) else trace
+        syncs = sorted((e for e in events if e.get("name") == SYNC and e.get("ph") == "X"), key=lambda e: e["ts"])
+        if not syncs:
+            raise RuntimeError("the profiler trace lacks mtbench's clock-sync events")
+        mids = [(e["ts"] + e.get("dur", 0) / 2) / 1e6 for e in syncs]
+        offsets = [t - m for t, m in zip(self.syncs, mids)]
+        drift = (offsets[-1] - offsets[0]) * 1e6 if len(offsets) > 1 else None
+        return events, offsets[0], drift
+
+
+def top_level(events: List[dict], offset: float) -> Tuple[List[Interval], List[Interval]]:
+    """Host ops not nested in another host op of the same thread, and device kernels, as intervals."""
+    host = sorted((e for e in events if e.get("ph") == "X" and e.get("cat") in HOST_CATS and e["name"] != SYNC
+                   and not e["name"].startswith("ProfilerStep")), key=lambda e: (e["tid"], e["ts"], -e["dur"]))
+    ops: List[Interval] = []
+    open_end: Dict[Any, float] = {}
+    for e in host:
+        if e["ts"] < open_end.get(e["tid"], -1.0):
+            continue  # inside a top-level op of this thread
+        open_end[e["tid"]] = e["ts"] + e["dur"]
+        name = e["name"][len(BACKWARD_PREFIX):] if e["name"].startswith(BACKWARD_PREFIX) else e["name"]
+        ops.append(Interval(name, e["ts"] / 1e6 + offset, (e["ts"] + e["dur"]) / 1e6 + offset, "cpu"))
+    kernels = [Interval(e["name"], e["ts"] / 1e6 + offset, (e["ts"] + e["dur"]) / 1e6 + offset, "cuda")
+               for e in events if e.get("ph") == "X" and e.get("cat") in DEVICE_CATS]
+    return ops, kernels
+
+
+def counter_events(samples: Samples, offset: float, pid: Any, window_s: float = 0.05) -> List[dict]:
+    """Power per rail, GPU load (per sample) and CPU busy % per core (per `window_s`, from tick deltas:
+    one 5 ms sample of a core reads only 0 or 100) as Chrome-trace counter events."""
+    out: List[dict] = []
+    ts = (samples.time_s - offset) * 1e6
+    power = samples.group(POWER)
+    gpu = samples.group(GPU_UTIL)
+    for i in range(len(samples)):
+        if power:
+            args = {f.key: samples.columns[f.name][i] * f.scale for f in power if not np.isnan(samples.columns[f.name][i])}
+            if args:
+                out.append({"name": "power_w", "ph": "C", "ts": ts[i], "pid": pid, "args": args})
+        if gpu:
+            args = {f"gpu{f.key}": samples.columns[f.name][i] * f.scale for f in gpu
+                    if not np.isnan(samples.columns[f.name][i])}
+            if args:
+                out.append({"name": "gpu_util_pct", "ph": "C", "ts": ts[i], "pid": pid, "args": args})
+    busy, totals = samples.group("cpu_busy"), {f.key: f for f in samples.group("cpu_total")}
+    if busy and len(samples) > 1:
+        grid = np.arange(samples.time_s[0], samples.time_s[-1], window_s)
+        for a, b in zip(grid[:-1], grid[1:]):
+            args = {}
+            for f in busy:
+                db = np.interp([a, b], samples.time_s, samples.columns[f.name])
+                dt = np.interp([a, b], samples.time_s, samples.columns[totals[f.key].name])
+                if dt[1] > dt[0]:
+                    args[f"cpu{f.key}"] = 100.0 * (db[1] - db[0]) / (dt[1] - dt[0])
+            if args:
+                out.append({"name": "cpu_util_pct", "ph": "C", "ts": (a - offset) * 1e6, "pid": pid, "args": args})
+    return out
+
+
+def finish(profiler: Profiler, samples: Samples, steps: Sequence[Tuple[float, float]], interval_ms: float,
+           out_dir: Path) -> Dict[str, Any]:
+    """Write ops.csv, layers.csv and trace.json.gz; return the summary's `profile` figures and top rows."""
+    events, offset, drift = profiler.events()
+    ops, kernels = top_level(events, offset)
+    # energy is split along one timeline: the kernels where the GPU ran them, else the host ops
+    primary, secondary = (kernels, ops) if kernels else (ops, [])
+    header, rows, check = attribute(primary, steps, samples, interval_ms)
+    if secondary:
+        sec_header, sec_rows, _ = attribute(secondary, steps, samples, interval_ms)
+        energy_cols = [i for i, h in enumerate(sec_header) if h.startswith(("power_w_", "energy_j"))]
+        for r in sec_rows:
+            if r[0] != "[no op]":
+                rows.append([None if i in energy_cols else v for i, v in enumerate(r)])  # time only
+    atomic_write(out_dir / "ops.csv", csv_text(header, rows))
+    layer_header, layer_rows, layer_check = attribute(profiler.layers, steps, samples, interval_ms)
+    atomic_write(out_dir / "layers.csv", csv_text(layer_header, layer_rows))
+    pid = next((e.get("pid") for e in events if e.get("ph") == "X"), 0)
+    trace = {"traceEvents": events + counter_events(samples, offset, pid), "displayTimeUnit": "ms"}
+    tmp = out_dir / ".trace.json.gz.tmp"
+    with gzip.open(tmp, "wt") as f:
+        json.dump(trace, f)
+    os.replace(tmp, out_dir / "trace.json.gz")
+    return {
+        "clock_offset_s": offset,
+        "clock_drift_us": drift,
+        "timeline": "cuda kernels" if kernels else "host ops",
+        "ops_coverage_of_step_time": check["coverage"],
+        "layers_coverage_of_step_time": layer_check["coverage"],
+        "steps_energy_j": check["steps_energy_j"],
+        "ops_energy_j": check["rows_energy_j"],
+        "files": ["ops.csv", "layers.csv", "trace.json.gz"],
+        "_header": header,
+        "_rows": rows,
+    }
