@@ -79,7 +79,7 @@ def hydra_app(cfg: DictConfig) -> Optional[float]:
         summary = run_job(cfg, hydra_cfg.runtime.output_dir)
     except UsageError as exc:
         _fail(str(exc))
-    print_summary(summary, hydra_cfg.runtime.output_dir)
+    print_summary(summary, hydra_cfg.runtime.output_dir, compact=hydra_cfg.mode == RunMode.MULTIRUN)
     if not summary["success"]:
         if hydra_cfg.mode != RunMode.MULTIRUN:
             sys.exit(1)  # a single failed job (the summary says why) is a failed command
@@ -93,6 +93,14 @@ def main(argv: Optional[List[str]] = None) -> None:
         from mtbench.catalog import print_models
 
         print_models()
+        return
+    if args and args[0] == "report":
+        from mtbench.report import main as report_main
+
+        try:
+            report_main(args[1:])
+        except UsageError as exc:
+            _fail(str(exc))
         return
     try:
         check_overrides(args)

@@ -1,13 +1,15 @@
 """Short human-readable output on the terminal (rich)."""
 from __future__ import annotations
 
+import sys
 from typing import Any, Dict, Optional
 
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-console = Console(stderr=False, highlight=False)
+# piped output (a log file, CI) is not cut at 80 columns
+console = Console(highlight=False, width=None if sys.stdout.isatty() else 140)
 
 
 def fmt_bytes(n: Optional[float]) -> str:
@@ -24,8 +26,15 @@ def _num(v: Optional[float], spec: str = ".3g", unit: str = "") -> str:
     return "n/a" if v is None else f"{v:{spec}}{unit}"
 
 
-def print_summary(summary: Dict[str, Any], out_dir: str) -> None:
+def print_summary(summary: Dict[str, Any], out_dir: str, compact: bool = False) -> None:
     ok = summary["success"]
+    if compact:  # one line per job inside a sweep; the table at its end has the rest
+        step = (summary.get("step_time_s") or {}).get("median")
+        result = "ok" if ok else f"FAILED ({(summary['failure'] or {}).get('kind')})"
+        console.print(f"    {summary['model']} batch {summary['batch_size']}: {result}, "
+                      f"last step time median {_num(step, '.4f', ' s')}, results in {out_dir}", markup=False,
+                      soft_wrap=True)
+        return
     title = f"{summary['model']}  batch {summary['batch_size']}  on {summary['device']}  ({summary['data']})"
     table = Table(title=title, show_header=False, box=None, pad_edge=False)
     if not ok:

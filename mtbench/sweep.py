@@ -1,0 +1,72 @@
+"""Progress of a `-m` sweep (job k of n, model, batch, last step time) and a table of all jobs at its end.
+
+A Hydra callback (registered in conf/config.yaml under hydra.callbacks), so it sees every job of any
+launcher that runs them in this process.
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any, List, Optional
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig
+
+
+def sweep_size(overrides: List[str]) -> Optional[int]:
+    """How many jobs the sweep overrides expand to (None where one cannot be counted, e.g. glob)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    n = 1
+    for override in OverridesParser.create().parse_overrides(overrides):
+        if override.is_sweep_override():
+            try:
+                n *= len(list(override.sweep_iterator()))
+            except Exception:
+                return None
+    return n
+
+
+def _fmt(v: Optional[float], spec: str) -> str:
+    return "n/a" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, spec)
+
+
+class SweepProgress(Callback):
+    def __init__(self) -> None:
+        self.total: Optional[int] = None
+        self.done = 0
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        try:
+            self.total = sweep_size(list(config.hydra.overrides.task))
+        except Exception:
+            self.total = None
+
+    def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
+        from hydra.core.hydra_config import HydraConfig
+        from hydra.types import RunMode
+
+        if HydraConfig.get().mode != RunMode.MULTIRUN:
+            return
+        print(f"[job {HydraConfig.get().job.num + 1} of {self.total or '?'}] model={config.model.name} "
+              f"batch={config.batch} ...", flush=True)
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        from rich.table import Table
+
+        from mtbench.console import console, fmt_bytes
+
+        root = Path(config.hydra.sweep.dir)
+        table = Table(title=f"sweep: {root}")
+        for col in ("job", "model", "batch", "result", "step median s", "samples/s", "energy/step J", "peak mem"):
+            table.add_column(col)
+        for path in sorted(root.rglob("summary.json"), key=lambda p: p.parent.name):
+            s = json.loads(path.read_text())
+            result = "ok" if s.get("success") else (s.get("failure") or {}).get("kind", "failed")
+            table.add_row(path.parent.name, str(s.get("model")), str(s.get("batch_size")), result,
+                          _fmt((s.get("step_time_s") or {}).get("median"), ".4f"),
+                          _fmt(s.get("throughput_samples_per_s"), ".2f"),
+                          _fmt((s.get("energy_j") or {}).get("per_step_mean"), ".3f"),
+                          fmt_bytes(s.get("mem_peak_bytes")))
+        console.print(table)
