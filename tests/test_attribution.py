@@ -82,7 +82,7 @@ def test_without_power_sensor_energy_is_null():
 
 def test_profiled_model_on_a_tx2_tree(run, tmp_path):
     make_tx2(tmp_path / "tx2", TX2_POWER)
-    s = run(["model=resnet50", "batch=2", "steps=2", "profile=true", "sampler=jetson",
+    s = run(["model=resnet50", "batch=2", "warmup=1", "steps=2", "profile=true", "sampler=jetson",
              f"sampler.sysfs_root={tmp_path / 'tx2'}"])
     assert s["success"], s["failure"]
     prof = s["profile"]
