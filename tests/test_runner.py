@@ -13,7 +13,7 @@ import torch
 
 
 def test_summary_follows_the_contract(run, tmp_path):
-    s = run(["model=densenet40", "batch=2", "warmup=2", "steps=3"])
+    run(["model=densenet40", "batch=2", "warmup=2", "steps=3"])
     on_disk = json.loads((tmp_path / "job" / "summary.json").read_text())
     for key in REQUIRED_KEYS:
         assert key in on_disk, key

@@ -73,6 +73,24 @@ class DataSource:
         raise self._cannot("an Atari environment", "atari")
 
 
+class LocalFiles(DataSource):
+    """A real data set read from local disk at `location` (a file or a folder), recorded as
+    "<name>:<location>". Subclasses say in `needs` which key the user must set."""
+
+    needs = "data.path=FILE"
+
+    def __init__(self, location: str) -> None:
+        if not location:
+            from mtbench.errors import DataError
+
+            raise DataError(f"data={self.name} needs {self.needs}")
+        self.location = str(location)
+
+    @property
+    def label(self) -> str:
+        return f"{self.name}:{self.location}"
+
+
 class Synthetic(DataSource):
     """Random data shaped like the real sets, made once from a seeded generator.
 

@@ -14,7 +14,7 @@ from typing import List
 import numpy as np
 import torch
 
-from mtbench.data import DataSource
+from mtbench.data import LocalFiles
 from mtbench.errors import DataError
 
 TRAIN_FILES = [f"data_batch_{i}" for i in range(1, 6)]
@@ -80,25 +80,20 @@ def load_train(root: str) -> tuple:
     return np.concatenate(images), np.concatenate(labels), names
 
 
-class CIFAR10(DataSource):
+class CIFAR10(LocalFiles):
     name = "cifar10"
     gives = "3x32x32 images"
+    needs = "data.root=DIR (the folder holding cifar-10-batches-py/)"
 
     def __init__(self, root: str = "") -> None:
-        if not root:
-            raise DataError("data=cifar10 needs data.root=DIR (the folder holding cifar-10-batches-py/)")
-        self.root = str(root)
-
-    @property
-    def label(self) -> str:
-        return f"cifar10:{self.root}"
+        super().__init__(root)
 
     def image_batches(self, batch_size, count, shape, num_classes, seed) -> List:
         if tuple(shape) != (3, 32, 32) or num_classes != 10:
             raise DataError(f"data=cifar10 gives 3x32x32 images in 10 classes, not {tuple(shape)} / {num_classes}")
-        images, labels, _ = load_train(self.root)
+        images, labels, _ = load_train(self.location)
         if len(images) == 0:
-            raise DataError(f"{self.root}: the CIFAR-10 training batches hold no images")
+            raise DataError(f"{self.location}: the CIFAR-10 training batches hold no images")
         order = np.random.default_rng(seed).permutation(len(images))
         needed = np.resize(order, batch_size * count)  # cycle when the set is smaller than needed
         x = torch.from_numpy(images[needed]).float().div_(255.0)

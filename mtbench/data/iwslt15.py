@@ -11,7 +11,7 @@ from typing import Dict, List
 
 import numpy as np
 
-from mtbench.data import UNK, DataSource, ParallelCorpus
+from mtbench.data import UNK, LocalFiles, ParallelCorpus
 from mtbench.data.text import build_vocab, read_text
 from mtbench.errors import DataError
 
@@ -28,23 +28,19 @@ def _vocab(root: Path, lang: str, sentences: List[List[str]], max_vocab: int) ->
     return vocab
 
 
-class IWSLT15(DataSource):
+class IWSLT15(LocalFiles):
     name = "iwslt15"
     gives = "sentence pairs"
+    needs = "data.root=DIR (holding train.en and train.vi)"
 
     def __init__(self, root: str = "", src: str = "en", tgt: str = "vi", max_vocab: int = 50000,
                  max_len: int = 50) -> None:
-        if not root:
-            raise DataError("data=iwslt15 needs data.root=DIR (holding train.en and train.vi)")
-        self.root, self.src, self.tgt = str(root), src, tgt
+        super().__init__(root)
+        self.src, self.tgt = src, tgt
         self.max_vocab, self.max_len = max_vocab, max_len
 
-    @property
-    def label(self) -> str:
-        return f"iwslt15:{self.root}"
-
     def parallel_corpus(self, pairs, seed):
-        root = Path(self.root).expanduser()
+        root = Path(self.location).expanduser()
         sides: Dict[str, List[List[str]]] = {}
         for lang in (self.src, self.tgt):
             lines = read_text(str(root / f"train.{lang}"), "data.root").splitlines()

@@ -3,28 +3,23 @@ from __future__ import annotations
 
 import numpy as np
 
-from mtbench.data import CharCorpus, DataSource
+from mtbench.data import CharCorpus, LocalFiles
 from mtbench.data.text import read_text
 from mtbench.errors import DataError
 
 
-class Shakespeare(DataSource):
+class Shakespeare(LocalFiles):
     name = "shakespeare"
     gives = "a character corpus"
+    needs = "data.path=FILE (a plain UTF-8 text file)"
 
     def __init__(self, path: str = "") -> None:
-        if not path:
-            raise DataError("data=shakespeare needs data.path=FILE (a plain UTF-8 text file)")
-        self.path = str(path)
-
-    @property
-    def label(self) -> str:
-        return f"shakespeare:{self.path}"
+        super().__init__(path)
 
     def char_corpus(self, min_chars, seed):
-        text = read_text(self.path, "data.path")
+        text = read_text(self.location, "data.path")
         if len(text) < 2:
-            raise DataError(f"{self.path}: holds {len(text)} characters; a character model needs at least 2")
+            raise DataError(f"{self.location}: holds {len(text)} characters; a character model needs at least 2")
         vocab = sorted(set(text))
         index = {c: i for i, c in enumerate(vocab)}
         return CharCorpus(np.fromiter((index[c] for c in text), dtype=np.int64, count=len(text)), vocab)

@@ -13,7 +13,7 @@ from typing import List, Optional, Tuple
 
 import numpy as np
 
-from mtbench.data import DataSource, QAExample
+from mtbench.data import LocalFiles, QAExample
 from mtbench.data.text import read_text, tokenize
 from mtbench.errors import DataError
 
@@ -61,23 +61,18 @@ def parse_squad(text: str, where: str) -> Tuple[List[QAExample], int]:
     return examples, skipped
 
 
-class SQuAD(DataSource):
+class SQuAD(LocalFiles):
     name = "squad"
     gives = "SQuAD question/context examples"
+    needs = "data.path=FILE (a SQuAD v1.1 JSON file, e.g. train-v1.1.json)"
 
     def __init__(self, path: str = "") -> None:
-        if not path:
-            raise DataError("data=squad needs data.path=FILE (a SQuAD v1.1 JSON file, e.g. train-v1.1.json)")
-        self.path = str(path)
-        self.skipped = 0
-
-    @property
-    def label(self) -> str:
-        return f"squad:{self.path}"
+        super().__init__(path)
+        self.skipped = 0  # answers that could not be placed in their context
 
     def squad_examples(self, count, seed):
-        examples, self.skipped = parse_squad(read_text(self.path, "data.path"), self.path)
+        examples, self.skipped = parse_squad(read_text(self.location, "data.path"), self.location)
         if not examples:
-            raise DataError(f"{self.path}: holds no question whose answer could be placed in its context")
+            raise DataError(f"{self.location}: holds no question whose answer could be placed in its context")
         order = np.random.default_rng(seed).permutation(len(examples))
         return [examples[i] for i in np.resize(order, count)]
