@@ -18,6 +18,7 @@ from mtbench.errors import UsageError
 
 INT_KEYS = {"batch": 1, "steps": 1, "warmup": 0, "seed": 0}
 FLOAT_KEYS = ("sampler.interval_ms",)
+BOOL_KEYS = ("profile",)
 
 
 def _fail(message: str, code: int = 2) -> None:
@@ -67,6 +68,10 @@ def check_overrides(args: List[str]) -> None:
         elif key in FLOAT_KEYS:
             for value in values:
                 positive_float(key, value)
+        elif key in BOOL_KEYS:
+            for value in values:
+                if not isinstance(value, bool):
+                    raise UsageError(f"{key}={value!r} is not known; allowed: true, false")
 
 
 @hydra.main(version_base="1.3", config_path=str(conf_dir()), config_name="config")

@@ -62,7 +62,9 @@ class Job:
         self.sampler: Optional[Sampler] = None
         self.sensor_status: List[dict] = []
         self.last_summary: Dict[str, Any] = {}
-        self.profile = bool(cfg.get("profile", False))
+        self.profile = cfg.get("profile", False)
+        if not isinstance(self.profile, bool):
+            raise UsageError(f"profile={self.profile!r} is not known; allowed: true, false")
         self.profiler = None  # a profiling.Profiler once the profiled steps ran
         self.reference: List[float] = []  # unprofiled step times, for the profiler's overhead
 
@@ -199,7 +201,7 @@ def run_job(cfg: DictConfig, out_dir: Path) -> Dict[str, Any]:
 
 def _profile(job: Job, samples) -> Optional[Dict[str, Any]]:
     """Join the profiled steps' ops and layers with the telemetry; None when nothing was profiled."""
-    if job.profiler is None or samples is None or job.sampler is None:
+    if job.profiler is None or samples is None or job.sampler is None or job.failure is not None:
         return None
     from mtbench import profiling
     from mtbench.console import print_top_ops

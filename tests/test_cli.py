@@ -18,6 +18,8 @@ from tests.conftest import mtbench_cli
         (["steps=0"], "steps=0 is out of range"),
         (["-m", "model=alexnet,nosuchnet"], "model='nosuchnet' is not known"),
         (["-m", "batch=4,0"], "batch=0 is out of range"),
+        (["profile=maybe"], "profile='maybe' is not known; allowed: true, false"),
+        (["sampler=nosuch"], "sampler='nosuch' is not known; allowed: auto, jetson, jtop, nvml, procfs, rapl"),
         (["data=nosuchdata"], "data='nosuchdata' is not known; allowed: atari, cifar10, iwslt15, shakespeare, squad, synthetic"),
     ],
 )
