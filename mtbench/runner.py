@@ -5,6 +5,7 @@ again (a CPU-GPU sync point: the step's kernels must finish inside its window), 
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from pathlib import Path
@@ -99,19 +100,15 @@ class Job:
             self._timed_step(i, warmup=True)
         first = spec.warmup
         if self.profile:
+            from mtbench.profiling import Profiler
+
             # as many unprofiled steps first (marked warm-up: not measured), to measure the profiler's overhead
             for i in range(first, first + spec.steps):
                 self.reference.append(self._timed_step(i, warmup=True))
             first += spec.steps
-        peak.reset()
-        if self.profile:
-            from mtbench.profiling import Profiler
-
             self.profiler = Profiler(self.device, self.workload.modules())
-            with self.profiler:
-                for i in range(first, first + spec.steps):
-                    self.durations.append(self._timed_step(i, warmup=False))
-        else:
+        peak.reset()
+        with self.profiler if self.profiler is not None else contextlib.nullcontext():
             for i in range(first, first + spec.steps):
                 self.durations.append(self._timed_step(i, warmup=False))
         self.mem = peak.read()
