@@ -112,7 +112,11 @@ def main(argv: Optional[List[str]] = None) -> None:
     except UsageError as exc:
         _fail(str(exc))
     sys.argv = [sys.argv[0]] + args
-    hydra_app()
+    try:
+        hydra_app()
+    except KeyboardInterrupt:  # the job's summary already says "interrupted"
+        print("mtbench: interrupted", file=sys.stderr)
+        sys.exit(130)
 
 
 if __name__ == "__main__":

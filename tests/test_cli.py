@@ -57,3 +57,27 @@ def test_models_listing(tmp_path):
     assert proc.returncode == 0, proc.stderr
     for name in ("alexnet", "vgg19", "densenet100", "mobilenetv2"):
         assert name in proc.stdout
+
+
+def test_ctrl_c_writes_an_interrupted_summary_and_exits_130(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.conftest import REPO
+
+    env = dict(__import__("os").environ, PYTHONPATH=str(REPO))
+    proc = subprocess.Popen([sys.executable, "-m", "mtbench", "model=vgg16", "batch=8", "device=cpu", "warmup=0",
+                             "steps=500", f"hydra.run.dir={tmp_path}"], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not (tmp_path / "mtbench.log").exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    time.sleep(6)  # inside the training steps by now
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["success"] is False and summary["failure"]["kind"] == "interrupted"
