@@ -82,21 +82,23 @@ class Profiler:
         for h in self._hooks:
             h.remove()
 
-    def events(self) -> Tuple[List[dict], float, Optional[float]]:
-        """(trace events, offset s such that monotonic = ts_us / 1e6 + offset, drift in us)."""
+    def events(self) -> Tuple[Dict[str, Any], float, Optional[float]]:
+        """(the profiler's Chrome trace, offset s such that monotonic = ts_us / 1e6 + offset, drift in us)."""
         with tempfile.TemporaryDirectory() as tmp:
             path = os.path.join(tmp, "trace.json")
             self.prof.export_chrome_trace(path)
             with open(path) as f:
                 trace = json.load(f)
-        events = trace["traceEvents"] if isinstance(trace, dict) else trace
+        if not isinstance(trace, dict):
+            trace = {"traceEvents": trace}
+        events = trace["traceEvents"]
         syncs = sorted((e for e in events if e.get("name") == SYNC and e.get("ph") == "X"), key=lambda e: e["ts"])
         if not syncs:
             raise RuntimeError("the profiler trace lacks mtbench's clock-sync events")
         mids = [(e["ts"] + e.get("dur", 0) / 2) / 1e6 for e in syncs]
         offsets = [t - m for t, m in zip(self.syncs, mids)]
         drift = (offsets[-1] - offsets[0]) * 1e6 if len(offsets) > 1 else None
-        return events, offsets[0], drift
+        return trace, offsets[0], drift
 
 
 def top_level(events: List[dict], offset: float) -> Tuple[List[Interval], List[Interval]]:
@@ -125,12 +127,13 @@ def counter_events(samples: Samples, offset: float, pid: Any, window_s: float = 
     gpu = samples.group(GPU_UTIL)
     for i in range(len(samples)):
         if power:
-            args = {f.key: samples.columns[f.name][i] * f.scale for f in power if not np.isnan(samples.columns[f.name][i])}
+            args = {f.key: samples.columns[f.name][i] * f.scale for f in power
+                    if np.isfinite(samples.columns[f.name][i])}
             if args:
                 out.append({"name": "power_w", "ph": "C", "ts": ts[i], "pid": pid, "args": args})
         if gpu:
             args = {f"gpu{f.key}": samples.columns[f.name][i] * f.scale for f in gpu
-                    if not np.isnan(samples.columns[f.name][i])}
+                    if np.isfinite(samples.columns[f.name][i])}
             if args:
                 out.append({"name": "gpu_util_pct", "ph": "C", "ts": ts[i], "pid": pid, "args": args})
     busy, totals = samples.group("cpu_busy"), {f.key: f for f in samples.group("cpu_total")}
@@ -141,8 +144,9 @@ def counter_events(samples: Samples, offset: float, pid: Any, window_s: float = 
             for f in busy:
                 db = np.interp([a, b], samples.time_s, samples.columns[f.name])
                 dt = np.interp([a, b], samples.time_s, samples.columns[totals[f.key].name])
-                if dt[1] > dt[0]:
-                    args[f"cpu{f.key}"] = 100.0 * (db[1] - db[0]) / (dt[1] - dt[0])
+                pct = 100.0 * (db[1] - db[0]) / (dt[1] - dt[0]) if dt[1] > dt[0] else float("nan")
+                if np.isfinite(pct):  # JSON has no NaN: a gap is left out, not written
+                    args[f"cpu{f.key}"] = pct
             if args:
                 out.append({"name": "cpu_util_pct", "ph": "C", "ts": (a - offset) * 1e6, "pid": pid, "args": args})
     return out
@@ -151,7 +155,8 @@ def counter_events(samples: Samples, offset: float, pid: Any, window_s: float = 
 def finish(profiler: Profiler, samples: Samples, steps: Sequence[Tuple[float, float]], interval_ms: float,
            out_dir: Path) -> Dict[str, Any]:
     """Write ops.csv, layers.csv and trace.json.gz; return the summary's `profile` figures and top rows."""
-    events, offset, drift = profiler.events()
+    trace, offset, drift = profiler.events()
+    events = trace["traceEvents"]
     ops, kernels = top_level(events, offset)
     # energy is split along one timeline: the kernels where the GPU ran them, else the host ops
     primary, secondary = (kernels, ops) if kernels else (ops, [])
@@ -166,10 +171,11 @@ def finish(profiler: Profiler, samples: Samples, steps: Sequence[Tuple[float, fl
     layer_header, layer_rows, layer_check = attribute(profiler.layers, steps, samples, interval_ms)
     atomic_write(out_dir / "layers.csv", csv_text(layer_header, layer_rows))
     pid = next((e.get("pid") for e in events if e.get("ph") == "X"), 0)
-    trace = {"traceEvents": events + counter_events(samples, offset, pid), "displayTimeUnit": "ms"}
+    # the profiler's own metadata is kept; the telemetry joins its events as counter tracks
+    trace["traceEvents"] = events + counter_events(samples, offset, pid)
     tmp = out_dir / ".trace.json.gz.tmp"
     with gzip.open(tmp, "wt") as f:
-        json.dump(trace, f)
+        json.dump(trace, f, allow_nan=False)
     os.replace(tmp, out_dir / "trace.json.gz")
     return {
         "clock_offset_s": offset,
