@@ -202,7 +202,8 @@ def fig_profile(job: Dict[str, Any], root: Path, out: Path, top: int = 12) -> Op
     else:
         _not_measured(b, "energy per operation")
     fig.suptitle(f"{job['model']} batch {job['batch_size']}: operations")
-    name = f"profile_{job['_dir'].replace('/', '_')}.png"
+    where = job["_dir"] if job["_dir"] != "." else f"{job['model']}-b{job['batch_size']}"
+    name = f"profile_{where.replace('/', '_')}.png"
     return _save(fig, out / name)
 
 

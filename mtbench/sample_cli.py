@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -121,6 +122,8 @@ def write(out, args, code, interrupted, samples, sampler, marks, status, t_start
     failure = None
     if interrupted:
         failure = {"kind": "interrupted", "message": "interrupted by the user (Ctrl-C)"}
+    elif code < 0:
+        failure = {"kind": "error", "message": f"command was killed by signal {-code} ({signal.Signals(-code).name})"}
     elif code != 0:
         failure = {"kind": "error", "message": f"command exited with code {code}"}
     summary = {
@@ -143,7 +146,7 @@ def write(out, args, code, interrupted, samples, sampler, marks, status, t_start
         results.write_steps(out, header, rows)
     results.write_samples(out, samples)
     results.write_summary(out, summary)
-    print(f"mtbench-sample: exit code {code}; {len(samples)} samples; {len(measured)} steps; results in {out}",
+    print(f"mtbench-sample: {failure['message'] if failure else 'exit code 0'}; {len(samples)} samples; {len(measured)} steps; results in {out}",
           file=sys.stderr)
 
 
