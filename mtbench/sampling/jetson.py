@@ -15,10 +15,10 @@ from __future__ import annotations
 import glob
 import os
 import re
-from typing import List, Optional, Sequence, Tuple
+from typing import Any, List, Optional, Sequence, Tuple
 
 from mtbench.sampling.sensor import GAUGE, GPU_UTIL, POWER, Field, Sensor, SensorUnavailable
-from mtbench.sampling.sysfs import AttrFile, read_text
+from mtbench.sampling.sysfs import AttrFile, parse_int, read_text
 
 IIO_GLOB = "sys/bus/i2c/drivers/ina3221x/*/iio:device*"
 HWMON_GLOB = "sys/bus/i2c/drivers/ina3221/*/hwmon/hwmon*"
@@ -76,8 +76,12 @@ class _Rail:
         self.label = label
         self.files = [AttrFile(f) for f in files]
 
-    def read_mw(self) -> Optional[float]:
-        values = [f.read_int() for f in self.files]
+    def read_raw(self) -> List[Optional[bytes]]:
+        return [f.read_bytes() for f in self.files]
+
+    @staticmethod
+    def decode_mw(raw: Sequence[Optional[bytes]]) -> Optional[float]:
+        values = [parse_int(b) for b in raw]
         if any(v is None for v in values):
             return None
         if len(values) == 1:
@@ -123,11 +127,22 @@ class JetsonSensor(Sensor):
     def fields(self) -> List[Field]:
         return list(self._fields)
 
-    def read(self) -> List[Optional[float]]:
-        out: List[Optional[float]] = [r.read_mw() for r in self.rails]
+    def read_raw(self) -> List[Any]:
+        # bytes only in the sampling loop; numbers are parsed after the run (decode)
+        raw: List[Any] = [r.read_raw() for r in self.rails]
         if self.gpu_load is not None:
-            out.append(self.gpu_load.read_int())
+            raw.append(self.gpu_load.read_bytes())
+        return raw
+
+    def decode(self, raw: List[Any]) -> List[Optional[float]]:
+        out: List[Optional[float]] = [_Rail.decode_mw(r) for r in raw[: len(self.rails)]]
+        if self.gpu_load is not None:
+            load = parse_int(raw[-1])
+            out.append(None if load is None else float(load))
         return out
+
+    def read(self) -> List[Optional[float]]:
+        return self.decode(self.read_raw())
 
     def close(self) -> None:
         for r in self.rails:

@@ -7,7 +7,7 @@ keeps the cumulative counters and the aggregation differences them at the window
 from __future__ import annotations
 
 import os
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from mtbench.sampling.sensor import COUNTER, GAUGE, Field, Sensor, SensorUnavailable
 
@@ -44,14 +44,10 @@ class _ProcFiles:
         except OSError:
             os.close(self.stat_fd)
             raise
-        self.last_ticks = 0
 
-    def read(self) -> tuple:
-        """(CPU ticks, RSS bytes); OSError / ValueError once the process has exited."""
-        # the command name in field 2 may contain spaces: split after its closing parenthesis
-        rest = _read(self.stat_fd).rsplit(b")", 1)[1].split()
-        self.last_ticks = int(rest[11]) + int(rest[12])  # utime + stime, fields 14 and 15
-        return self.last_ticks, int(_read(self.statm_fd).split()[1]) * PAGE_SIZE
+    def read_raw(self) -> Tuple[bytes, bytes]:
+        """The two files' bytes; OSError once the process has exited."""
+        return _read(self.stat_fd), _read(self.statm_fd)
 
     def close(self) -> None:
         for fd in (self.stat_fd, self.statm_fd):
@@ -59,6 +55,13 @@ class _ProcFiles:
                 os.close(fd)
             except OSError:
                 pass
+
+
+def parse_proc(stat: bytes, statm: bytes) -> Tuple[int, int]:
+    """(CPU ticks, RSS bytes) of one process from its /proc/<pid>/stat and statm."""
+    # the command name in field 2 may contain spaces: split after its closing parenthesis
+    rest = stat.rsplit(b")", 1)[1].split()
+    return int(rest[11]) + int(rest[12]), int(statm.split()[1]) * PAGE_SIZE  # utime + stime: fields 14, 15
 
 
 class ProcfsSensor(Sensor):
@@ -78,7 +81,8 @@ class ProcfsSensor(Sensor):
             self._procs: Dict[int, _ProcFiles] = {pid or 0: _ProcFiles(os.path.join(proc_root, str(pid) if pid else "self"))}
         except OSError as exc:
             raise SensorUnavailable(f"cannot open {exc.filename}: {exc.strerror}") from None
-        self._gone_ticks = 0  # CPU ticks of tree members that have exited
+        self._gone_ticks = 0  # CPU ticks of tree members that have exited (decode's state)
+        self._last_ticks: Dict[int, int] = {}  # each member's CPU ticks at its last decoded read
         self._reads = 0
         self._cores = [c for c, _, _ in parse_proc_stat(_read(self._stat_fd))]
         if not self._cores:
@@ -132,36 +136,49 @@ class ProcfsSensor(Sensor):
                 except OSError:  # already gone
                     pass
 
-    def _read_procs(self) -> tuple:
-        ticks, rss, alive = self._gone_ticks, 0, 0
+    def read_raw(self) -> Tuple[bytes, List[Tuple[int, Optional[Tuple[bytes, bytes]]]]]:
+        """The cpuN lines of /proc/stat and each watched process's raw files (None: it has exited)."""
+        text = _read(self._stat_fd)
+        end = text.find(b"\nintr")  # the cpu lines come first; the long interrupt line is not needed
+        if self.tree and self._reads % self.TREE_REFRESH == 0:
+            self._refresh_tree()
+        self._reads += 1
+        procs: List[Tuple[int, Optional[Tuple[bytes, bytes]]]] = []
         for key in list(self._procs):
-            files = self._procs[key]
             try:
-                t, r = files.read()
-            except (OSError, IndexError, ValueError):  # exited: keep the CPU time it had used
-                if self.tree:
-                    self._gone_ticks += files.last_ticks
-                    ticks += files.last_ticks
-                    files.close()
-                    del self._procs[key]
-                continue
-            ticks, rss, alive = ticks + t, rss + r, alive + 1
-        if not alive and not self.tree:
-            return None, None
-        return ticks, (rss if alive else None)
+                procs.append((key, self._procs[key].read_raw()))
+            except OSError:
+                procs.append((key, None))
+                if self.tree:  # a tree member that exited is dropped; decode keeps the CPU time it used
+                    self._procs.pop(key).close()
+        return (text if end < 0 else text[:end]), procs
 
-    def read(self) -> Sequence[Optional[float]]:
+    def decode(self, raw) -> List[Optional[float]]:
+        text, procs = raw
         out: List[Optional[float]] = []
-        by_core = {c: (b, t) for c, b, t in parse_proc_stat(_read(self._stat_fd))}
+        by_core = {c: (b, t) for c, b, t in parse_proc_stat(text)}
         for c in self._cores:
             # a core taken offline (Jetson power modes do this) disappears from /proc/stat: None, not 0
             busy, total = by_core.get(c, (None, None))
             out += [busy, total]
-        if self.tree and self._reads % self.TREE_REFRESH == 0:
-            self._refresh_tree()
-        self._reads += 1
-        out.extend(self._read_procs())
-        return out
+        ticks, rss, alive = 0, 0, 0
+        for key, files in procs:
+            if files is None:
+                if self.tree:
+                    self._gone_ticks += self._last_ticks.pop(key, 0)
+                continue
+            try:
+                t, r = parse_proc(*files)
+            except (IndexError, ValueError):
+                continue
+            self._last_ticks[key] = t
+            ticks, rss, alive = ticks + t, rss + r, alive + 1
+        if not self.tree:
+            return out + ([ticks, rss] if alive else [None, None])
+        return out + [self._gone_ticks + ticks, rss if alive else None]
+
+    def read(self) -> Sequence[Optional[float]]:
+        return self.decode(self.read_raw())
 
     def close(self) -> None:
         try:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, List, Optional, Sequence
+from typing import Any, Callable, List, Optional, Sequence
 
 import numpy as np
 
@@ -59,7 +59,8 @@ class Sampler:
         self.dropped = 0  # periods skipped because a read overran its slot
         self.cpu_time_s: Optional[float] = None  # the sampler thread's own CPU time
         self._times: List[float] = []
-        self._rows: List[List[Optional[float]]] = []
+        self._raws: List[List[Any]] = []  # per sample, each sensor's read_raw() (None: it failed)
+        self._rows: List[List[Optional[float]]] = []  # the raws decoded so far, in order
         self._stop = False
         self._thread: Optional[threading.Thread] = None
         self._fields = [f for s in self.sensors for f in s.fields()]
@@ -86,18 +87,31 @@ class Sampler:
         self.marks.append(StepMark(index, start_s, end_s, warmup))
 
     def samples(self) -> Samples:
-        return Samples(self._fields, self._times, self._rows)
+        """Everything sampled so far, decoded (decoding is in order and once per sample: sensors keep
+        state across samples, such as a counter's wraparound)."""
+        widths = [len(s.fields()) for s in self.sensors]
+        for raws in self._raws[len(self._rows): len(self._times)]:
+            row: List[Optional[float]] = []
+            for sensor, raw, width in zip(self.sensors, raws, widths):
+                try:
+                    values = sensor.decode(raw) if raw is not None else None
+                except Exception:
+                    values = None
+                row.extend(values if values is not None else [None] * width)
+            self._rows.append(row)
+        return Samples(self._fields, self._times[: len(self._rows)], self._rows)
 
     def _sample(self) -> None:
         t = self.clock()
-        row: List[Optional[float]] = []
+        raws: List[Any] = []
         for sensor in self.sensors:
             try:
-                row.extend(sensor.read())
+                raws.append(sensor.read_raw())
             except Exception:  # a source that fails mid-run leaves a gap, never kills the run
-                row.extend([None] * len(sensor.fields()))
+                raws.append(None)
+        # the raw row first: samples() reads up to len(_times), so a sample is never seen half-made
+        self._raws.append(raws)
         self._times.append(t)
-        self._rows.append(row)
 
     def _run(self) -> None:
         period = self.interval_ms / 1000.0

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass
-from typing import List, Optional, Sequence
+from typing import Any, List, Optional, Sequence
 
 GAUGE = "gauge"  # an instantaneous value (watts, percent, bytes): averaged / integrated over time
 COUNTER = "counter"  # a cumulative count (ticks, joules): differenced between the edges of a window
@@ -45,6 +45,16 @@ class Sensor(abc.ABC):
     @abc.abstractmethod
     def read(self) -> Sequence[Optional[float]]:
         """One value per field; None where the source gave nothing this time."""
+
+    # The sampler thread calls read_raw() every interval and decode() on each result, in order, once the
+    # run is over. A sensor whose parsing is costly returns the raw bytes from read_raw() and parses them
+    # in decode(), so the few microseconds of parsing leave the sampling loop. By default read_raw() is
+    # read() and decode() passes the values through.
+    def read_raw(self) -> Any:
+        return self.read()
+
+    def decode(self, raw: Any) -> Sequence[Optional[float]]:
+        return raw
 
     def close(self) -> None:
         """Release files or handles."""

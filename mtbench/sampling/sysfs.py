@@ -27,17 +27,21 @@ class AttrFile:
         except OSError:
             return False
 
-    def read_int(self) -> Optional[int]:
+    def read_bytes(self) -> Optional[bytes]:
+        """The file's bytes now; None when it could not be read (parse later with `parse_int`)."""
         if self.fd is None and not self._reopen():
             return None
         self._reads += 1
         try:
             if self._reads % self.CHECK_EVERY == 0 and os.fstat(self.fd).st_nlink == 0 and not self._reopen():
                 return None
-            return int(os.pread(self.fd, 64, 0).split()[0])
-        except (OSError, ValueError, IndexError):
+            return os.pread(self.fd, 64, 0)
+        except OSError:
             self.close()
             return None
+
+    def read_int(self) -> Optional[int]:
+        return parse_int(self.read_bytes())
 
     def close(self) -> None:
         if self.fd is not None:
@@ -53,4 +57,12 @@ def read_text(path: str) -> Optional[str]:
         with open(path) as f:
             return f.read().strip()
     except OSError:
+        return None
+
+
+def parse_int(raw: Optional[bytes]) -> Optional[int]:
+    """The first number in an attribute file's bytes; None for nothing or garbage (never 0)."""
+    try:
+        return int(raw.split()[0]) if raw is not None else None
+    except (ValueError, IndexError):
         return None
