@@ -33,12 +33,11 @@ from tests.fake_sysfs import make_tx2  # noqa: E402  (the same fake tree the tes
 
 def fidelity(sensors, seconds: float, interval_ms: float) -> str:
     sampler = Sampler(sensors, interval_ms).start()
-    t0 = time.monotonic()
     time.sleep(seconds)
-    sampler.stop()
-    elapsed = time.monotonic() - t0
+    samples = sampler.stop()
     st = sampler.stats()
-    asked = elapsed * 1000 / interval_ms
+    # asked: one sample per interval over the span the sampler ran (its first to its last sample)
+    asked = (samples.time_s[-1] - samples.time_s[0]) * 1000 / interval_ms + 1
     return (f"taken {100 * st['samples'] / asked:6.2f} % of asked, median {st['achieved_interval_ms']['median']:.3f} ms, "
             f"p99 {st['achieved_interval_ms']['p99']:.3f} ms, dropped {st['dropped']}, "
             f"sampler CPU {st['cpu_pct_of_one_core']:.2f} % of one core")
