@@ -125,6 +125,10 @@ class DQN(Workload):
     def modules(self) -> List[nn.Module]:
         return [self.q]
 
+    def close(self) -> None:
+        if getattr(self, "env", None) is not None:
+            self.env.close()
+
     def units_per_sample(self) -> Dict[str, float]:
         return {"env_steps": self.env_steps / self.batch_size} if hasattr(self, "batch_size") else {}
 

@@ -28,9 +28,11 @@ MAX_PREPARED_BATCHES = 8  # distinct input batches made before timing; steps cyc
 
 def resolve_device(name: str) -> torch.device:
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise UsageError("device=cuda but no CUDA GPU is visible to torch; allowed here: device=cpu or device=auto")
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda":
+        if not torch.cuda.is_available():
+            raise UsageError("device=cuda but no CUDA GPU is visible to torch; allowed here: device=cpu or device=auto")
+        return torch.device("cuda", torch.cuda.current_device())  # recorded as "cuda:0", not a bare "cuda"
     return torch.device(name)
 
 
@@ -191,6 +193,8 @@ def run_job(cfg: DictConfig, out_dir: Path) -> Dict[str, Any]:
                 sensor.close()
         if not user_error:
             _write(job, samples)
+        if job.workload is not None:
+            job.workload.close()
         job.workload = None  # drop the model, optimizer state and batches before the next job
         memory.release_memory(job.device)
     return job.last_summary

@@ -46,6 +46,9 @@ class Workload(abc.ABC):
         """Extra throughput units per sample, e.g. {"chars": 100} for a 100-character sequence."""
         return {}
 
+    def close(self) -> None:
+        """Release what the workload opened (an environment, files); the runner calls it after the job."""
+
     def extra_metrics(self, measured_steps: int) -> Dict[str, Any]:
         """Figures only this workload knows (e.g. environment vs update time) over its last
         `measured_steps` steps (the measured ones), added to summary.json."""
