@@ -46,3 +46,15 @@ class BusyLoop(_Base):
         end = time.perf_counter() + self.seconds
         while time.perf_counter() < end:
             pass
+
+
+class Interrupted(_Base):
+    """As if the user pressed Ctrl-C during the second step."""
+
+    def __init__(self) -> None:
+        self.steps = 0
+
+    def step(self) -> None:
+        self.steps += 1
+        if self.steps == 2:
+            raise KeyboardInterrupt

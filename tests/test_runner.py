@@ -96,3 +96,12 @@ def test_busy_loop_reads_one_full_core(run):
     # system-wide the busy core is part of the mean over cores
     ncores = len(s["cpu_util_pct"]["per_core"])
     assert s["cpu_util_pct"]["mean"] * ncores >= 100 - 5
+
+
+def test_ctrl_c_is_recorded_then_raised(run, tmp_path):
+    with pytest.raises(KeyboardInterrupt):
+        run(["model=squeezenet", "model.workload._target_=tests.fake_workloads.Interrupted", "~model.workload.net",
+             "~model.workload.optimizer", "~model.workload.input_shape", "~model.workload.num_classes", "steps=5"])
+    s = json.loads((tmp_path / "job" / "summary.json").read_text())
+    assert s["failure"] == {"kind": "interrupted", "message": "interrupted by the user (Ctrl-C)"}
+    assert s["measured_steps"] == 1 and s["success"] is False
