@@ -6,7 +6,7 @@ exit before any job of a sweep runs.
 from __future__ import annotations
 
 import sys
-from typing import Any, List, Optional
+from typing import List, Optional
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -15,6 +15,7 @@ from omegaconf import DictConfig
 
 from mtbench.config import GROUPS, conf_dir, group_options, positive_float, positive_int
 from mtbench.errors import UsageError
+from mtbench.sweep import override_values
 
 INT_KEYS = {"batch": 1, "steps": 1, "warmup": 0, "seed": 0}
 FLOAT_KEYS = ("sampler.interval_ms",)
@@ -24,16 +25,6 @@ BOOL_KEYS = ("profile",)
 def _fail(message: str, code: int = 2) -> None:
     print(f"mtbench: error: {message}", file=sys.stderr)
     sys.exit(code)
-
-
-def _override_values(override: Any) -> Optional[List[Any]]:
-    """Every value an override stands for (a sweep expanded), or None where it cannot be listed (glob)."""
-    if not override.is_sweep_override():
-        return [override.value()]
-    try:
-        return list(override.sweep_iterator())
-    except Exception:
-        return None
 
 
 def check_overrides(args: List[str]) -> None:
@@ -54,7 +45,7 @@ def check_overrides(args: List[str]) -> None:
         if override.is_delete():
             continue
         key = override.key_or_group
-        values = _override_values(override)
+        values = override_values(override)
         if values is None:
             continue
         if key in GROUPS:

@@ -14,17 +14,26 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 
+def override_values(override: Any) -> Optional[List[Any]]:
+    """Every value a parsed override stands for (a sweep expanded), or None where it cannot be listed (glob)."""
+    if not override.is_sweep_override():
+        return [override.value()]
+    try:
+        return list(override.sweep_iterator())
+    except Exception:
+        return None
+
+
 def sweep_size(overrides: List[str]) -> Optional[int]:
     """How many jobs the sweep overrides expand to (None where one cannot be counted, e.g. glob)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     n = 1
     for override in OverridesParser.create().parse_overrides(overrides):
-        if override.is_sweep_override():
-            try:
-                n *= len(list(override.sweep_iterator()))
-            except Exception:
-                return None
+        values = override_values(override)
+        if values is None:
+            return None
+        n *= len(values)
     return n
 
 

@@ -141,8 +141,6 @@ class JetsonSensor(Sensor):
             out.append(None if load is None else float(load))
         return out
 
-    def read(self) -> List[Optional[float]]:
-        return self.decode(self.read_raw())
 
     def close(self) -> None:
         for r in self.rails:

@@ -36,7 +36,7 @@ class JtopSensor(Sensor):
     def fields(self) -> List[Field]:
         return list(self._fields)
 
-    def read(self) -> List[Optional[float]]:
+    def read_raw(self) -> List[Optional[float]]:
         if not self.client.ok():
             return [None] * len(self._fields)
         rails = (self.client.power or {}).get("rail", {})

@@ -63,7 +63,7 @@ class NvmlSensor(Sensor):
     def fields(self) -> List[Field]:
         return list(self._fields)
 
-    def read(self) -> List[Optional[float]]:
+    def read_raw(self) -> List[Optional[float]]:
         out: List[Optional[float]] = []
         for call, convert in self._readers:
             try:

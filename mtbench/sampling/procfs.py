@@ -7,7 +7,7 @@ keeps the cumulative counters and the aggregation differences them at the window
 from __future__ import annotations
 
 import os
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Tuple
 
 from mtbench.sampling.sensor import COUNTER, GAUGE, Field, Sensor, SensorUnavailable
 
@@ -176,9 +176,6 @@ class ProcfsSensor(Sensor):
         if not self.tree:
             return out + ([ticks, rss] if alive else [None, None])
         return out + [self._gone_ticks + ticks, rss if alive else None]
-
-    def read(self) -> Sequence[Optional[float]]:
-        return self.decode(self.read_raw())
 
     def close(self) -> None:
         try:

@@ -61,7 +61,7 @@ class RaplSensor(Sensor):
     def fields(self) -> List[Field]:
         return list(self._fields)
 
-    def read(self) -> List[Optional[float]]:
+    def read_raw(self) -> List[Optional[float]]:
         return [z.read_uj() for z in self.zones]
 
     def close(self) -> None:

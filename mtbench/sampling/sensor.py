@@ -42,19 +42,21 @@ class Sensor(abc.ABC):
     def fields(self) -> List[Field]:
         """The fields `read` returns, in order."""
 
-    @abc.abstractmethod
-    def read(self) -> Sequence[Optional[float]]:
-        """One value per field; None where the source gave nothing this time."""
-
     # The sampler thread calls read_raw() every interval and decode() on each result, in order, once the
-    # run is over. A sensor whose parsing is costly returns the raw bytes from read_raw() and parses them
-    # in decode(), so the few microseconds of parsing leave the sampling loop. By default read_raw() is
-    # read() and decode() passes the values through.
+    # run is over. A sensor whose parsing is costly returns raw bytes from read_raw() and parses them in
+    # decode(), so the parsing leaves the sampling loop; others return their values from read_raw() and
+    # keep decode() as it is here.
+    @abc.abstractmethod
     def read_raw(self) -> Any:
-        return self.read()
+        """What the source gives now, raw or already as values."""
 
     def decode(self, raw: Any) -> Sequence[Optional[float]]:
+        """One value per field from a read_raw() result; None where the source gave nothing."""
         return raw
+
+    def read(self) -> Sequence[Optional[float]]:
+        """One value per field now (read_raw and decode in one call)."""
+        return self.decode(self.read_raw())
 
     def close(self) -> None:
         """Release files or handles."""
