@@ -25,6 +25,7 @@ from mtbench.results import atomic_write, csv_text
 from mtbench.sampling import Samples
 from mtbench.sampling.attribution import Interval, attribute
 from mtbench.sampling.sensor import GPU_UTIL, POWER
+from mtbench.sampling.windows import cpu_utilization
 
 SYNC = "mtbench::clock_sync"
 HOST_CATS = ("cpu_op", "user_annotation")
@@ -136,17 +137,13 @@ def counter_events(samples: Samples, offset: float, pid: Any, window_s: float = 
                     if np.isfinite(samples.columns[f.name][i])}
             if args:
                 out.append({"name": "gpu_util_pct", "ph": "C", "ts": ts[i], "pid": pid, "args": args})
-    busy, totals = samples.group("cpu_busy"), {f.key: f for f in samples.group("cpu_total")}
-    if busy and len(samples) > 1:
+    cores = [f.key for f in samples.group("cpu_busy")]
+    if cores and len(samples) > 1:
         grid = np.arange(samples.time_s[0], samples.time_s[-1], window_s)
         for a, b in zip(grid[:-1], grid[1:]):
-            args = {}
-            for f in busy:
-                db = np.interp([a, b], samples.time_s, samples.columns[f.name])
-                dt = np.interp([a, b], samples.time_s, samples.columns[totals[f.key].name])
-                pct = 100.0 * (db[1] - db[0]) / (dt[1] - dt[0]) if dt[1] > dt[0] else float("nan")
-                if np.isfinite(pct):  # JSON has no NaN: a gap is left out, not written
-                    args[f"cpu{f.key}"] = pct
+            per_core = (cpu_utilization(samples, [(a, b)]) or {}).get("per_core", [])
+            # JSON has no NaN: a core without figures in this window is left out, not written
+            args = {f"cpu{c}": pct for c, pct in zip(cores, per_core) if pct is not None}
             if args:
                 out.append({"name": "cpu_util_pct", "ph": "C", "ts": (a - offset) * 1e6, "pid": pid, "args": args})
     return out
