@@ -7,9 +7,15 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
+import multiprocessing
+import os
+import signal
+import sys
+import threading
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -36,10 +42,22 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+# What out-of-memory looks like from each allocator: the CPU allocator ("DefaultCPUAllocator: can't allocate
+# memory: you tried to allocate N bytes"), CUDA's caching allocator ("CUDA out of memory"), a Jetson torch build
+# whose failed cudaMalloc trips an NVML assert in the caching allocator, and cuBLAS / cuDNN workspaces.
+OOM_MARKERS = (
+    "out of memory",
+    "can't allocate memory",
+    "nvml_success == r internal assert failed",
+    "cublas_status_alloc_failed",
+    "cudnn_status_alloc_failed",
+)
+
+
 def is_oom(exc: BaseException) -> bool:
     if isinstance(exc, (torch.cuda.OutOfMemoryError, MemoryError)):
         return True
-    return isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower()
+    return isinstance(exc, RuntimeError) and any(m in str(exc).lower() for m in OOM_MARKERS)
 
 
 def _sync(device: torch.device) -> None:
@@ -50,8 +68,10 @@ def _sync(device: torch.device) -> None:
 class Job:
     """State of one job while it runs; `summary()` turns it into the contract's dict."""
 
-    def __init__(self, cfg: DictConfig, out_dir: Path) -> None:
+    def __init__(self, cfg: DictConfig, out_dir: Path, notify: Optional[Callable[[str, Any], None]] = None) -> None:
         self.cfg = cfg
+        # tells a parent process what it needs to write this job's summary should the job's process die
+        self.notify = notify or (lambda kind, payload: None)
         self.out_dir = Path(out_dir)
         self.spec = JobSpec.from_cfg(cfg)
         self.interval_ms = positive_float("sampler.interval_ms", cfg.sampler.interval_ms)
@@ -68,6 +88,9 @@ class Job:
         self.profile = cfg.get("profile", False)
         if not isinstance(self.profile, bool):
             raise UsageError(f"profile={self.profile!r} is not known; allowed: true, false")
+        self.cudnn_benchmark = cfg.get("cudnn_benchmark", True)
+        if not isinstance(self.cudnn_benchmark, bool):
+            raise UsageError(f"cudnn_benchmark={self.cudnn_benchmark!r} is not known; allowed: true, false")
         self.profiler = None  # a profiling.Profiler once the profiled steps ran
         self.reference: List[float] = []  # unprofiled step times, for the profiler's overhead
 
@@ -82,8 +105,12 @@ class Job:
     def run(self) -> None:
         spec = self.spec
         torch.manual_seed(spec.seed)
+        # cuDNN tries every convolution algorithm on each new shape and keeps the fastest (TensorFlow, which the
+        # paper used, does so by default); the warm-up steps absorb the trials
+        torch.backends.cudnn.benchmark = self.cudnn_benchmark
         data: DataSource = instantiate(self.cfg.data)
         self.data_label = data.label
+        self.notify("data", self.data_label)
         self.workload = instantiate(self.cfg.model.workload)
         ctx = SetupContext(
             device=self.device,
@@ -153,6 +180,7 @@ class Job:
             "unavailable": telemetry["unavailable"],
             **self.mem,
             "parameters": self.parameters,
+            "cudnn_benchmark": self.cudnn_benchmark,
             "sampler": {**(self.sampler.stats() if self.sampler else {}), "sensors": self.sensor_status},
             "env": env.describe(self.device),
             "config": OmegaConf.to_container(self.cfg, resolve=True),
@@ -162,14 +190,16 @@ class Job:
         return summary
 
 
-def run_job(cfg: DictConfig, out_dir: Path) -> Dict[str, Any]:
-    """Run one job and write its result files, whatever happens; return the summary.
+def run_job(cfg: DictConfig, out_dir: Path, notify: Optional[Callable[[str, Any], None]] = None) -> Dict[str, Any]:
+    """Run one job in this process and write its result files, whatever happens; return the summary.
 
     An out-of-memory error or any other error inside the job is recorded as its failure (kind "oom" or
     "error") and returned, so a sweep goes on; a bad value the user gave raises UsageError before any
-    result is written; Ctrl-C is recorded as "interrupted" and re-raised.
+    result is written; Ctrl-C is recorded as "interrupted" and re-raised. `run_isolated` runs this in a
+    child process; call this directly only where a job that kills its process may take the caller along.
     """
-    job = Job(cfg, out_dir)  # validates batch, steps, ... (UsageError)
+    job = Job(cfg, out_dir, notify)  # validates batch, steps, ... (UsageError)
+    job.notify("started", {"device": str(job.device), "env": env.describe(job.device)})
     job.open_sampler()
     memory.release_memory(job.device)
     samples = None
@@ -187,17 +217,224 @@ def run_job(cfg: DictConfig, out_dir: Path) -> Dict[str, Any]:
         job.failure = {"kind": kind, "message": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"}
         log.debug("job failed", exc_info=True)
     finally:
-        if job.sampler is not None:
-            samples = job.sampler.stop()
-            for sensor in job.sampler.sensors:
-                sensor.close()
-        if not user_error:
-            _write(job, samples)
+        # a second Ctrl-C (or the one a parent forwards) waits until the results are written and memory freed
+        with _sigint_deferred():
+            samples = _stop_sampler(job)
+            if not user_error:
+                _write_or_say(job, samples)
+            _release(job)
+    return job.last_summary
+
+
+@contextlib.contextmanager
+def _sigint_deferred():
+    """Hold SIGINT back while the block runs, then raise KeyboardInterrupt if one came."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    pending: List[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: pending.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if pending and previous is not signal.SIG_IGN:
+        raise KeyboardInterrupt
+
+
+def _stop_sampler(job: Job):
+    if job.sampler is None:
+        return None
+    samples = job.sampler.stop()
+    for sensor in job.sampler.sensors:
+        try:
+            sensor.close()
+        except Exception:  # a sensor that cannot close cleanly changes none of the figures
+            log.debug("closing sensor %s failed", sensor.name, exc_info=True)
+    return samples
+
+
+def _write_or_say(job: Job, samples) -> None:
+    """Write the result files; a write that fails (a full disk) is said in one line, never raised."""
+    try:
+        _write(job, samples)
+    except Exception as exc:
+        job.last_summary = job.last_summary or job.summary(samples)
+        job.last_summary["write_error"] = f"{type(exc).__name__}: {exc}"
+        print(f"mtbench: error: the results of this job could not be written to {job.out_dir}: "
+              f"{type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+
+
+def _release(job: Job) -> None:
+    """Drop the model, optimizer state and batches; an error here (a sticky CUDA error) is logged, and the
+    failure recorded for the job stays the one that ended it."""
+    try:
         if job.workload is not None:
             job.workload.close()
-        job.workload = None  # drop the model, optimizer state and batches before the next job
+    except Exception:
+        log.warning("closing the workload failed", exc_info=True)
+    job.workload = None
+    try:
         memory.release_memory(job.device)
-    return job.last_summary
+    except Exception:
+        log.warning("releasing memory after the job failed", exc_info=True)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Each job in a process of its own. The parent holds the sweep: it imports torch but never runs a torch op nor
+# touches CUDA (neither CUDA nor GNU OpenMP's thread pool survives a fork), so forking a job is cheap and safe.
+# A job that the kernel kills (the OOM killer on a Jetson, whose GPU shares the DRAM), that segfaults or that
+# leaves a sticky CUDA error ends only its own process; the parent writes its summary and the sweep goes on.
+
+DIED = "the job's process died before it wrote its results"
+
+
+def run_isolated(cfg: DictConfig, out_dir: Path, timing: Optional[Dict[str, float]] = None) -> Dict[str, Any]:
+    """Run one job in a forked child process and return its summary (the parent writes it if the child died).
+
+    Raises UsageError for a bad value the user gave (nothing written) and KeyboardInterrupt, once the child
+    has written its "interrupted" summary, when the user pressed Ctrl-C. `timing`, if given, receives
+    `wall_s` (this call) and `child_s` (the child's own run, from fork to its last message): their difference
+    is what isolation costs a job.
+    """
+    wall_start = time.monotonic()
+    out_dir = Path(out_dir)
+    context = multiprocessing.get_context("fork")
+    receiver, sender = context.Pipe(duplex=False)
+    oom_kills_before = oom_kill_count()
+    child = context.Process(target=_child_main, args=(cfg, out_dir, sender), name="mtbench-job")
+    child.start()
+    sender.close()
+    messages: Dict[str, Any] = {}
+    interrupted = False
+    alive = True
+    while True:
+        try:
+            if receiver.poll(0.1):
+                kind, payload = receiver.recv()
+                messages[kind] = payload
+            elif not alive:
+                break  # it exited and everything it sent has been read
+            else:
+                alive = child.is_alive()  # one more poll after this, for what it sent just before exiting
+        except EOFError:  # the child closed its end: it is about to exit
+            child.join()
+            break
+        except KeyboardInterrupt:
+            # Ctrl-C on a terminal reaches the child too; a signal sent to this process alone is passed on.
+            # The child records "interrupted", writes its results and exits; this process waits for that.
+            interrupted = True
+            if child.is_alive():
+                os.kill(child.pid, signal.SIGINT)
+    child.join()
+    receiver.close()
+    if timing is not None:
+        timing.update(wall_s=time.monotonic() - wall_start, child_s=messages.get("child_seconds", math.nan))
+    if "usage" in messages:
+        raise UsageError(messages["usage"])
+    summary = messages.get("summary")
+    if summary is None:
+        summary = _summary_of_dead_job(cfg, out_dir, child.exitcode, messages, oom_kill_count() - oom_kills_before
+                                       if oom_kills_before is not None else None)
+    if interrupted or messages.get("interrupted"):
+        raise KeyboardInterrupt
+    return summary
+
+
+def _child_main(cfg: DictConfig, out_dir: Path, sender) -> None:
+    def on_sigint(signum, frame):
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # the first Ctrl-C ends the job; more change nothing
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, on_sigint)
+    started = time.monotonic()
+    try:
+        summary = run_job(cfg, out_dir, notify=lambda kind, payload: sender.send((kind, payload)))
+        sender.send(("summary", summary))
+    except UsageError as exc:
+        sender.send(("usage", str(exc)))
+    except KeyboardInterrupt:
+        sender.send(("interrupted", True))
+        try:
+            sender.send(("summary", results.read_summary(out_dir)))
+        except (OSError, ValueError):
+            pass
+    except BaseException as exc:  # an error outside the job's own try (e.g. CUDA fails to start): a result too
+        sender.send(("crashed", f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"))
+        log.debug("job process failed", exc_info=True)
+    finally:
+        sender.send(("child_seconds", time.monotonic() - started))
+        sender.close()
+
+
+def signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def oom_kill_count() -> Optional[int]:
+    """How many processes the kernel's OOM killer has killed since boot (/proc/vmstat, Linux >= 4.13)."""
+    try:
+        with open("/proc/vmstat", "rb") as f:
+            for line in f:
+                if line.startswith(b"oom_kill "):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def _summary_of_dead_job(cfg: DictConfig, out_dir: Path, exitcode: Optional[int], messages: Dict[str, Any],
+                         oom_kills: Optional[int]) -> Dict[str, Any]:
+    """The summary of a job whose process ended without sending one, written by the parent."""
+    if "interrupted" in messages:  # Ctrl-C before the job had anything to write
+        failure = {"kind": "interrupted", "message": "interrupted by the user (Ctrl-C)"}
+    elif "crashed" in messages:
+        failure = {"kind": "oom" if any(m in messages["crashed"].lower() for m in OOM_MARKERS) else "error",
+                   "message": messages["crashed"]}
+    elif exitcode is not None and exitcode < 0:
+        name = signal_name(-exitcode)
+        if exitcode == -signal.SIGKILL and oom_kills:
+            failure = {"kind": "oom", "message": f"the job's process was killed by the kernel's OOM killer ({name}; "
+                                                 f"oom_kill in /proc/vmstat rose by {oom_kills} while it ran)"}
+        else:
+            failure = {"kind": "killed", "message": f"the job's process was killed by signal {-exitcode} ({name})"}
+    else:
+        failure = {"kind": "error", "message": f"the job's process exited with code {exitcode} before writing its results"}
+    spec = JobSpec.from_cfg(cfg)
+    started = messages.get("started") or {}
+    unavailable = {k: DIED for k in ("cpu_util_pct", "gpu_util_pct", "power_w", "energy_j", "mem_peak_bytes")}
+    summary: Dict[str, Any] = {
+        "schema": results.SCHEMA,
+        "model": spec.model,
+        "batch_size": spec.batch_size,
+        "device": started.get("device", spec.device),
+        "data": messages.get("data", "unknown"),
+        "success": False,
+        "failure": failure,
+        "warmup_steps": spec.warmup,
+        "measured_steps": 0,
+        "step_time_s": None,
+        "throughput_samples_per_s": None,
+        "cpu_util_pct": None,
+        "gpu_util_pct": None,
+        "power_w": None,
+        "energy_j": None,
+        "unavailable": unavailable,
+        "mem_peak_bytes": None,
+        "mem_peak_source": None,
+        "sampler": {"interval_ms": cfg.sampler.interval_ms, "samples": 0},
+        "env": started.get("env") or env.host(),
+        "config": OmegaConf.to_container(cfg, resolve=True),
+    }
+    try:
+        results.write_summary(out_dir, summary)
+    except OSError as exc:
+        summary["write_error"] = f"{type(exc).__name__}: {exc}"
+        print(f"mtbench: error: the results of this job could not be written to {out_dir}: {exc}", file=sys.stderr)
+    return summary
 
 
 def _profile(job: Job, samples) -> Optional[Dict[str, Any]]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 from typing import Any, List, Optional
 
@@ -35,6 +36,15 @@ def sweep_size(overrides: List[str]) -> Optional[int]:
             return None
         n *= len(values)
     return n
+
+
+def summaries_in_job_order(root: Path) -> List[Path]:
+    """Every summary.json under `root`, ordered by job number (Hydra's subdir starts with it: 2 before 10)."""
+    def key(path: Path):
+        name = path.parent.relative_to(root).as_posix()
+        return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
+
+    return sorted(root.rglob("summary.json"), key=key)
 
 
 def _fmt(v: Optional[float], spec: str) -> str:
@@ -70,7 +80,7 @@ class SweepProgress(Callback):
         table = Table(title=f"sweep: {root}")
         for col in ("job", "model", "batch", "result", "step median s", "samples/s", "energy/step J", "peak mem"):
             table.add_column(col)
-        for path in sorted(root.rglob("summary.json"), key=lambda p: p.parent.name):
+        for path in summaries_in_job_order(root):
             s = json.loads(path.read_text())
             result = "ok" if s.get("success") else (s.get("failure") or {}).get("kind", "failed")
             table.add_row(path.parent.name, str(s.get("model")), str(s.get("batch_size")), result,

@@ -73,10 +73,15 @@ def test_ctrl_c_writes_an_interrupted_summary_and_exits_130(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "mtbench", "model=vgg16", "batch=8", "device=cpu", "warmup=0",
                              "steps=500", f"hydra.run.dir={tmp_path}"], cwd=REPO, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    # VGG16's 134M parameters (0.54 GB) are built inside the job: past 1 GB of RSS the job is running
+    # VGG16's 134M parameters (0.54 GB) are built inside the job's process: past 1 GB of RSS the job is running
     deadline = time.monotonic() + 180
-    while psutil.Process(proc.pid).memory_info().rss < 1_000_000_000 and time.monotonic() < deadline:
+
+    def job_rss() -> int:
+        return sum(c.memory_info().rss for c in psutil.Process(proc.pid).children())
+
+    while job_rss() < 1_000_000_000 and time.monotonic() < deadline:
         time.sleep(0.1)
+    assert time.monotonic() < deadline, "the job's process never built VGG16"
     time.sleep(1.0)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
@@ -84,3 +89,36 @@ def test_ctrl_c_writes_an_interrupted_summary_and_exits_130(tmp_path):
     assert "Traceback" not in err
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["success"] is False and summary["failure"]["kind"] == "interrupted"
+
+
+def test_the_end_table_lists_jobs_by_number(tmp_path):
+    from mtbench.sweep import summaries_in_job_order
+
+    for name in ("10-alexnet-b64", "2-alexnet-b4", "1-alexnet-b2", "0-alexnet-b1"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "summary.json").write_text("{}")
+    assert [p.parent.name for p in summaries_in_job_order(tmp_path)] == [
+        "0-alexnet-b1", "1-alexnet-b2", "2-alexnet-b4", "10-alexnet-b64"]
+
+
+def test_help_lists_choices_not_bases():
+    proc = mtbench_cli("--help")
+    assert proc.returncode == 0, proc.stderr
+    groups = {line.split(":")[0]: line for line in proc.stdout.splitlines() if line.split(":")[0] in
+              ("model", "sampler", "data", "device")}
+    assert "alexnet" in groups["model"] and "procfs" in groups["sampler"]
+    assert "_cnn" not in proc.stdout and "_base" not in proc.stdout
+
+
+def test_objective_is_what_a_sweeper_gets():
+    import math
+
+    from mtbench.cli import objective_value
+
+    ok = {"success": True, "batch_size": 4, "step_time_s": {"median": 0.5}, "throughput_samples_per_s": 8.0,
+          "energy_j": {"per_step_mean": 2.0}}
+    assert objective_value(ok, "step_time_s") == 0.5
+    assert objective_value(ok, "throughput") == 8.0
+    assert objective_value(ok, "energy_per_sample_j") == 0.5
+    assert math.isnan(objective_value(dict(ok, energy_j=None), "energy_per_sample_j"))  # no power sensor
+    assert math.isnan(objective_value(dict(ok, success=False), "throughput"))
