@@ -297,6 +297,8 @@ def run_isolated(cfg: DictConfig, out_dir: Path, timing: Optional[Dict[str, floa
     `wall_s` (this call) and `child_s` (the child's own run, from fork to its last message): their difference
     is what isolation costs a job.
     """
+    import torchvision  # noqa: F401 - imported once here rather than in every job's process (no torch op runs)
+
     wall_start = time.monotonic()
     out_dir = Path(out_dir)
     context = multiprocessing.get_context("fork")
