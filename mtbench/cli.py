@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import sys
 import math
+from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 import hydra
@@ -20,7 +21,7 @@ from mtbench.sweep import override_values
 
 INT_KEYS = {"batch": 1, "steps": 1, "warmup": 0, "seed": 0}
 FLOAT_KEYS = ("sampler.interval_ms",)
-BOOL_KEYS = ("profile", "cudnn_benchmark")
+BOOL_KEYS = ("profile", "cudnn_benchmark", "resume", "allow_parallel")
 # what a job returns to a Hydra sweeper (`objective=...`), and the direction a sweeper should take
 OBJECTIVES = {"step_time_s": "minimize", "throughput": "maximize", "energy_per_sample_j": "minimize"}
 
@@ -66,10 +67,53 @@ def check_overrides(args: List[str]) -> None:
             for value in values:
                 if not isinstance(value, bool):
                     raise UsageError(f"{key}={value!r} is not known; allowed: true, false")
-        elif key == "objective":
+        elif key in ("objective", "device_lock"):
+            from mtbench.runner import LOCK_MODES
+
+            allowed = list(OBJECTIVES) if key == "objective" else LOCK_MODES
             for value in values:
-                if value not in OBJECTIVES:
-                    raise UsageError(f"objective={value!r} is not known; allowed: {', '.join(OBJECTIVES)}")
+                if value not in allowed:
+                    raise UsageError(f"{key}={value!r} is not known; allowed: {', '.join(allowed)}")
+
+
+# keys that change how a job is run, not what it measures: a resumed sweep may differ in them
+NOT_MEASURED_KEYS = ("resume", "device_lock", "lock_dir", "allow_parallel", "objective")
+
+
+def finished_summary(out_dir: str, cfg: DictConfig) -> Optional[Dict[str, Any]]:
+    """The summary in `out_dir` if it is a finished one (succeeded or a recorded failure) of this same config."""
+    from omegaconf import OmegaConf
+
+    from mtbench.results import read_summary
+
+    try:
+        summary = read_summary(Path(out_dir))
+    except (OSError, ValueError):
+        return None  # never written (the job was running when the sweep died), or half a file
+    if not isinstance(summary.get("config"), dict) or "success" not in summary:
+        return None
+    now = OmegaConf.to_container(cfg, resolve=True)
+    same = {k: v for k, v in summary["config"].items() if k not in NOT_MEASURED_KEYS} == \
+        {k: v for k, v in now.items() if k not in NOT_MEASURED_KEYS}
+    return summary if same else None
+
+
+# launchers that run the jobs of a sweep at the same time on this machine, and the key that sets how many at once
+PARALLEL_LAUNCHERS = {"joblib": "n_jobs", "submitit_local": "array_parallelism", "ray": None}
+
+
+def check_parallel_launcher(args: List[str]) -> None:
+    """Refuse a launcher that would run jobs at once on this machine's device, unless allow_parallel=true: two
+    jobs measuring one device spoil each other's figures (the device lock would make them wait anyway)."""
+    launcher = next((a.split("=", 1)[1] for a in args if a.startswith(("hydra/launcher=", "override hydra/launcher="))), None)
+    if launcher not in PARALLEL_LAUNCHERS or "allow_parallel=true" in args:
+        return
+    key = PARALLEL_LAUNCHERS[launcher]
+    if key is not None and f"hydra.launcher.{key}=1" in args:
+        return
+    how = f"hydra.launcher.{key}=1 runs one job at a time, " if key else ""
+    raise UsageError(f"hydra/launcher={launcher} runs several jobs at once on this machine, and jobs that measure one "
+                     f"device at once spoil each other's figures; {how}allow_parallel=true runs them anyway")
 
 
 def objective_value(summary: Dict[str, Any], objective: str) -> float:
@@ -96,6 +140,13 @@ def hydra_app(cfg: DictConfig) -> float:
     objective = str(cfg.get("objective", "step_time_s"))
     if objective not in OBJECTIVES:
         _fail(f"objective={objective!r} is not known; allowed: {', '.join(OBJECTIVES)}")
+    if cfg.get("resume", False):
+        done = finished_summary(hydra_cfg.runtime.output_dir, cfg)
+        if done is not None:
+            result = "ok" if done.get("success") else (done.get("failure") or {}).get("kind", "failed")
+            print(f"    resume: {hydra_cfg.runtime.output_dir} holds this job's result ({result}); not run again",
+                  flush=True)
+            return objective_value(done, objective)
     try:
         summary = run_isolated(cfg, hydra_cfg.runtime.output_dir)  # the job trains in a child process
     except UsageError as exc:
@@ -146,6 +197,7 @@ def main(argv: Optional[List[str]] = None) -> None:
         return
     try:
         check_overrides(args)
+        check_parallel_launcher(args)
     except UsageError as exc:
         _fail(str(exc))
     sys.argv = [sys.argv[0]] + args

@@ -6,6 +6,8 @@ again (a CPU-GPU sync point: the step's kernels must finish inside its window), 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import fcntl
 import logging
 import math
 import multiprocessing
@@ -199,6 +201,15 @@ def run_job(cfg: DictConfig, out_dir: Path, notify: Optional[Callable[[str, Any]
     child process; call this directly only where a job that kills its process may take the caller along.
     """
     job = Job(cfg, out_dir, notify)  # validates batch, steps, ... (UsageError)
+    lock = DeviceLock(job.device, str(cfg.get("device_lock", "wait")), str(cfg.get("lock_dir", "/tmp")))
+    lock.acquire()  # two jobs measuring one device at once spoil both: wait for (or refuse) the other
+    try:
+        return _run_locked(job)
+    finally:
+        lock.release()
+
+
+def _run_locked(job: Job) -> Dict[str, Any]:
     job.notify("started", {"device": str(job.device), "env": env.describe(job.device)})
     job.open_sampler()
     memory.release_memory(job.device)
@@ -224,6 +235,58 @@ def run_job(cfg: DictConfig, out_dir: Path, notify: Optional[Callable[[str, Any]
                 _write_or_say(job, samples)
             _release(job)
     return job.last_summary
+
+
+LOCK_MODES = ("wait", "fail", "off")
+
+
+class DeviceLock:
+    """One measurement per device at a time, across processes: an flock on `<lock_dir>/mtbench-<device>.lock`
+    (the kernel releases it when the holder exits, however it ends). The file holds the holder's pid."""
+
+    def __init__(self, device: torch.device, mode: str, lock_dir: str) -> None:
+        if mode not in LOCK_MODES:
+            raise UsageError(f"device_lock={mode!r} is not known; allowed: {', '.join(LOCK_MODES)}")
+        self.mode = mode
+        self.name = str(device)
+        key = "cpu" if device.type == "cpu" else f"{device.type}-{_device_uuid(device)}"
+        self.path = Path(lock_dir) / f"mtbench-{key}.lock"
+        self.fd: Optional[int] = None
+
+    def acquire(self) -> None:
+        if self.mode == "off":
+            return
+        try:
+            self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
+        except OSError as exc:
+            raise UsageError(f"lock_dir={str(self.path.parent)!r}: cannot create {self.path.name} ({exc.strerror}); "
+                             "allowed: a writable folder, or device_lock=off") from None
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(self.fd, 32, 0).decode(errors="replace").strip() or "?"
+            if self.mode == "fail":
+                os.close(self.fd)
+                self.fd = None
+                raise UsageError(f"{self.name} is being measured by another mtbench job (pid {holder}); "
+                                 "device_lock=wait waits for it, device_lock=off measures anyway") from None
+            print(f"mtbench: waiting for {self.name}: another mtbench job (pid {holder}) is measuring it",
+                  file=sys.stderr, flush=True)
+            fcntl.flock(self.fd, fcntl.LOCK_EX)
+        os.ftruncate(self.fd, 0)
+        os.pwrite(self.fd, str(os.getpid()).encode(), 0)
+
+    def release(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)  # closing the descriptor drops the flock
+            self.fd = None
+
+
+def _device_uuid(device: torch.device) -> str:
+    try:
+        return str(torch.cuda.get_device_properties(device).uuid)
+    except (AttributeError, RuntimeError):  # torch builds without the uuid property
+        return str(device.index or 0)
 
 
 @contextlib.contextmanager
@@ -304,7 +367,7 @@ def run_isolated(cfg: DictConfig, out_dir: Path, timing: Optional[Dict[str, floa
     context = multiprocessing.get_context("fork")
     receiver, sender = context.Pipe(duplex=False)
     oom_kills_before = oom_kill_count()
-    child = context.Process(target=_child_main, args=(cfg, out_dir, sender), name="mtbench-job")
+    child = context.Process(target=_child_main, args=(cfg, out_dir, sender, os.getpid()), name="mtbench-job")
     child.start()
     sender.close()
     messages: Dict[str, Any] = {}
@@ -343,7 +406,19 @@ def run_isolated(cfg: DictConfig, out_dir: Path, timing: Optional[Dict[str, floa
     return summary
 
 
-def _child_main(cfg: DictConfig, out_dir: Path, sender) -> None:
+def _die_with_parent(parent_pid: int) -> None:
+    """A job whose sweep was killed must not train on as an orphan (Linux: PR_SET_PDEATHSIG)."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+        os._exit(1)
+
+
+def _child_main(cfg: DictConfig, out_dir: Path, sender, parent_pid: int) -> None:
+    _die_with_parent(parent_pid)
+
     def on_sigint(signum, frame):
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # the first Ctrl-C ends the job; more change nothing
         raise KeyboardInterrupt

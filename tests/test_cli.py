@@ -122,3 +122,14 @@ def test_objective_is_what_a_sweeper_gets():
     assert objective_value(ok, "energy_per_sample_j") == 0.5
     assert math.isnan(objective_value(dict(ok, energy_j=None), "energy_per_sample_j"))  # no power sensor
     assert math.isnan(objective_value(dict(ok, success=False), "throughput"))
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["device_lock=maybe"], "device_lock='maybe' is not known; allowed: wait, fail, off"),
+    (["objective=speed"], "objective='speed' is not known; allowed: step_time_s, throughput, energy_per_sample_j"),
+    (["-m", "hydra/launcher=joblib", "batch=1,2"], "hydra/launcher=joblib runs several jobs at once"),
+])
+def test_run_settings_are_checked_before_any_job(args, needle, tmp_path):
+    proc = mtbench_cli(*args, f"hydra.run.dir={tmp_path}", f"hydra.sweep.dir={tmp_path}")
+    assert proc.returncode == 2 and needle in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
