@@ -19,7 +19,7 @@ class _Base(Workload):
 
 class OutOfMemory(_Base):
     """Runs out of memory for real on its first step: the CPU allocator refuses an exabyte ("cpu", the text a real
-    DefaultCPUAllocator failure has), or Python's allocator does ("MemoryError")."""
+    DefaultCPUAllocator failure has), CUDA's caching allocator does ("cuda"), or Python's allocator ("MemoryError")."""
 
     def __init__(self, error: str = "MemoryError") -> None:
         self.error = error
@@ -27,6 +27,8 @@ class OutOfMemory(_Base):
     def step(self) -> None:
         if self.error == "cpu":
             torch.empty(1 << 60, dtype=torch.uint8)
+        if self.error == "cuda":
+            torch.empty(1 << 60, dtype=torch.uint8, device="cuda")
         bytearray(1 << 60)
 
 
