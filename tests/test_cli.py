@@ -133,3 +133,15 @@ def test_run_settings_are_checked_before_any_job(args, needle, tmp_path):
     proc = mtbench_cli(*args, f"hydra.run.dir={tmp_path}", f"hydra.sweep.dir={tmp_path}")
     assert proc.returncode == 2 and needle in proc.stderr, proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_optuna_searches_batch_size_by_the_objective(tmp_path):
+    pytest.importorskip("hydra_plugins.hydra_optuna_sweeper")
+    proc = mtbench_cli("-m", "hydra/sweeper=optuna", "hydra.sweeper.direction=maximize", "hydra.sweeper.n_trials=2",
+                       "hydra.sweeper.sampler.seed=7", "objective=throughput", "model=squeezenet", "device=cpu",
+                       "warmup=0", "steps=1", "batch=choice(1,4,16,64)", f"hydra.sweep.dir={tmp_path}")
+    assert proc.returncode == 0, proc.stderr
+    summaries = [json.loads(p.read_text()) for p in tmp_path.rglob("summary.json")]
+    assert len(summaries) == 2
+    best = max(summaries, key=lambda s: s["throughput_samples_per_s"])
+    assert f"Best parameters: {{'batch': {best['batch_size']}}}" in proc.stdout + proc.stderr
