@@ -4,8 +4,10 @@ from __future__ import annotations
 import csv
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -97,3 +99,76 @@ def test_marker_without_the_variable_does_nothing(monkeypatch, tmp_path):
         pass
     start, end = map(float, (tmp_path / "steps.txt").read_text().split())
     assert 0 <= end - start < 0.1
+
+
+AWK_LOOP = 'for i in $(seq 25); do awk "BEGIN{for(i=0;i<1e6;i++)s+=i}"; done'
+
+
+def test_short_lived_children_are_counted(tmp_path):
+    """Issue 8 item 6: 25 awk processes of ~30 ms each, most born and reaped between two tree scans."""
+    proc = sample("--sensors", "none", "--out", str(tmp_path), "--", "bash", "-c", AWK_LOOP)
+    assert proc.returncode == 0, proc.stderr
+    measured = json.loads((tmp_path / "summary.json").read_text())["process_cpu_pct"]
+    # the truth for the same command, as /usr/bin/time computes it: the children's rusage over wall time
+    before = os.times()
+    t = time.monotonic()
+    subprocess.run(["bash", "-c", AWK_LOOP], check=True)
+    wall = time.monotonic() - t
+    after = os.times()
+    truth = 100 * ((after.children_user - before.children_user) + (after.children_system - before.children_system)) / wall
+    assert measured == pytest.approx(truth, abs=10), (measured, truth)
+
+
+STUBBORN = """
+import os, signal, sys, time
+signal.signal(signal.SIGINT, signal.SIG_IGN)  # a program that ignores Ctrl-C and SIGTERM
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+open(sys.argv[1], "w").write(str(os.getpid()))
+while True:
+    time.sleep(0.05)
+"""
+
+
+def test_second_ctrl_c_stops_the_command_and_writes_the_results(tmp_path):
+    """Issue 8 item 11: a second Ctrl-C ends the command (TERM, then KILL) without a traceback; exit 130."""
+    pid_file = tmp_path / "pid"
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    proc = subprocess.Popen([sys.executable, "-m", "mtbench.sample_cli", "--sensors", "none", "--kill-after-s", "0.5",
+                             "--out", str(tmp_path / "out"), "--", sys.executable, "-c", STUBBORN, str(pid_file)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO,
+                            start_new_session=True)  # its own process group, as a terminal's foreground job
+    deadline = time.monotonic() + 60
+    while not (pid_file.exists() and pid_file.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    child = int(pid_file.read_text())
+    os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C: the terminal signals the whole group
+    time.sleep(0.5)
+    os.killpg(proc.pid, signal.SIGINT)
+    try:
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err
+    with pytest.raises(ProcessLookupError):
+        os.kill(child, 0)
+    s = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert s["failure"]["kind"] == "interrupted" and s["sampler"]["samples"] > 0
+
+
+def test_system_memory_peak_is_reported(tmp_path):
+    """Issue 9: MemTotal - MemAvailable, sampled; the peak over the run is in the summary."""
+    proc = sample("--sensors", "none", "--out", str(tmp_path), "--", sys.executable, "-c",
+                  "import time; b = bytearray(200 * 2**20); time.sleep(0.3)")
+    assert proc.returncode == 0, proc.stderr
+    s = json.loads((tmp_path / "summary.json").read_text())
+    with open("/proc/meminfo") as f:
+        info = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in f}
+    used_now = info["MemTotal"] - info["MemAvailable"]
+    # a peak while 200 MiB were held: within what the machine holds, and near what it uses now + 200 MiB
+    assert 0 < s["mem_system_peak_bytes"] <= info["MemTotal"]
+    assert s["mem_system_peak_bytes"] > used_now - 2 * 2**30
+    with open(tmp_path / "samples.csv") as f:
+        used = [float(r["sys_mem_used_bytes"]) for r in csv.DictReader(f)]
+    assert max(used) == s["mem_system_peak_bytes"]

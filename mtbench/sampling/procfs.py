@@ -1,4 +1,5 @@
-"""CPU busy ticks per core, and a process's CPU ticks and RSS, from procfs.
+"""CPU busy ticks per core, a process's (or process tree's) CPU ticks and RSS, and the system memory in use,
+from procfs.
 
 /proc/stat counts in USER_HZ ticks (100 per second): one 5 ms sample of one core reads 0 or 100 %, so
 per-core utilization is only meaningful as a tick delta over a window (a step, or >= 50 ms); the sampler
@@ -57,16 +58,38 @@ class _ProcFiles:
                 pass
 
 
-def parse_proc(stat: bytes, statm: bytes) -> Tuple[int, int]:
-    """(CPU ticks, RSS bytes) of one process from its /proc/<pid>/stat and statm."""
+def parse_proc(stat: bytes, statm: bytes, children: bool = False) -> Tuple[int, int]:
+    """(CPU ticks, RSS bytes) of one process from its /proc/<pid>/stat and statm; with `children`, the CPU
+    ticks include those of every child it has waited for (and theirs, recursively)."""
     # the command name in field 2 may contain spaces: split after its closing parenthesis
     rest = stat.rsplit(b")", 1)[1].split()
-    return int(rest[11]) + int(rest[12]), int(statm.split()[1]) * PAGE_SIZE  # utime + stime: fields 14, 15
+    ticks = int(rest[11]) + int(rest[12])  # utime + stime: fields 14, 15
+    if children:
+        ticks += int(rest[13]) + int(rest[14])  # cutime + cstime: fields 16, 17
+    return ticks, int(statm.split()[1]) * PAGE_SIZE
+
+
+def parse_meminfo(text: bytes) -> Optional[int]:
+    """MemTotal - MemAvailable in bytes (what `free` and tegrastats call used), None without MemAvailable."""
+    values = {}
+    for line in text.split(b"\n"):
+        if line.startswith((b"MemTotal:", b"MemAvailable:")):
+            values[line.split(b":")[0]] = int(line.split()[1]) * 1024  # kB
+            if len(values) == 2:
+                return values[b"MemTotal"] - values[b"MemAvailable"]
+    return None
 
 
 class ProcfsSensor(Sensor):
-    """Per-core busy/total ticks (counters), and the CPU ticks (counter) and RSS (gauge) of one process,
-    or with `tree=True` of a process and all its descendants (found again every `TREE_REFRESH` reads)."""
+    """Per-core busy/total ticks (counters), the CPU ticks (counter) and RSS (gauge) of one process, and the
+    system memory in use (gauge, MemTotal - MemAvailable from /proc/meminfo).
+
+    With `tree=True`, of a process and all its descendants: the live ones are found again every
+    `TREE_REFRESH` reads, and each member counts its own time plus its waited-for children's (cutime and
+    cstime), so a child that lived and was reaped between two scans is counted in its parent. A member that
+    is reaped is dropped without adding its time (its parent's cutime now holds it), except the root, whose
+    last reading is kept (its parent is the caller, outside the tree).
+    """
 
     name = "procfs"
     TREE_REFRESH = 20  # reads between scans for new child processes (a scan walks /proc)
@@ -87,12 +110,22 @@ class ProcfsSensor(Sensor):
         self._cores = [c for c, _, _ in parse_proc_stat(_read(self._stat_fd))]
         if not self._cores:
             raise SensorUnavailable(f"{self._stat_path} lists no cpuN lines")
+        self._root_key = pid or 0
+        try:  # kept open and pread like /proc/stat; parsed in decode, after the run
+            self._meminfo_fd: Optional[int] = os.open(os.path.join(proc_root, "meminfo"), os.O_RDONLY)
+            if parse_meminfo(_read(self._meminfo_fd)) is None:
+                os.close(self._meminfo_fd)
+                self._meminfo_fd = None
+        except OSError:
+            self._meminfo_fd = None
         self._fields = []
         for c in self._cores:
             self._fields.append(Field(f"cpu{c}_busy_ticks", COUNTER, "cpu_busy", str(c)))
             self._fields.append(Field(f"cpu{c}_total_ticks", COUNTER, "cpu_total", str(c)))
         self._fields.append(Field("proc_cpu_ticks", COUNTER, "proc_cpu"))
         self._fields.append(Field("proc_rss_bytes", GAUGE, "proc_rss"))
+        if self._meminfo_fd is not None:
+            self._fields.append(Field("sys_mem_used_bytes", GAUGE, "sys_mem"))
 
     @property
     def cores(self) -> List[int]:
@@ -136,8 +169,9 @@ class ProcfsSensor(Sensor):
                 except OSError:  # already gone
                     pass
 
-    def read_raw(self) -> Tuple[bytes, List[Tuple[int, Optional[Tuple[bytes, bytes]]]]]:
-        """The cpuN lines of /proc/stat and each watched process's raw files (None: it has exited)."""
+    def read_raw(self):
+        """The cpuN lines of /proc/stat, each watched process's raw files (None: it has exited) and
+        /proc/meminfo's bytes (None when not read)."""
         text = _read(self._stat_fd)
         end = text.find(b"\nintr")  # the cpu lines come first; the long interrupt line is not needed
         if self.tree and self._reads % self.TREE_REFRESH == 0:
@@ -151,10 +185,11 @@ class ProcfsSensor(Sensor):
                 procs.append((key, None))
                 if self.tree:  # a tree member that exited is dropped; decode keeps the CPU time it used
                     self._procs.pop(key).close()
-        return (text if end < 0 else text[:end]), procs
+        meminfo = _read(self._meminfo_fd) if self._meminfo_fd is not None else None
+        return (text if end < 0 else text[:end]), procs, meminfo
 
     def decode(self, raw) -> List[Optional[float]]:
-        text, procs = raw
+        text, procs, meminfo = raw
         out: List[Optional[float]] = []
         by_core = {c: (b, t) for c, b, t in parse_proc_stat(text)}
         for c in self._cores:
@@ -165,23 +200,31 @@ class ProcfsSensor(Sensor):
         for key, files in procs:
             if files is None:
                 if self.tree:
-                    self._gone_ticks += self._last_ticks.pop(key, 0)
+                    last = self._last_ticks.pop(key, 0)
+                    if key == self._root_key:  # reaped by our caller: nobody in the tree holds its time now
+                        self._gone_ticks += last
                 continue
             try:
-                t, r = parse_proc(*files)
+                t, r = parse_proc(*files, children=self.tree)
             except (IndexError, ValueError):
                 continue
             self._last_ticks[key] = t
             ticks, rss, alive = ticks + t, rss + r, alive + 1
         if not self.tree:
-            return out + ([ticks, rss] if alive else [None, None])
-        return out + [self._gone_ticks + ticks, rss if alive else None]
+            out += [ticks, rss] if alive else [None, None]
+        else:
+            out += [self._gone_ticks + ticks, rss if alive else None]
+        if self._meminfo_fd is not None:
+            out.append(parse_meminfo(meminfo) if meminfo is not None else None)
+        return out
 
     def close(self) -> None:
-        try:
-            os.close(self._stat_fd)
-        except OSError:
-            pass
+        for fd in (self._stat_fd, self._meminfo_fd):
+            try:
+                if fd is not None:
+                    os.close(fd)
+            except OSError:
+                pass
         for files in self._procs.values():
             files.close()
 
