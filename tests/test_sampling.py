@@ -137,3 +137,21 @@ def test_meminfo_parsing_and_the_procfs_field():
     sensor.close()
     with open("/proc/meminfo", "rb") as f:
         assert value == pytest.approx(parse_meminfo(f.read()), rel=0.2)
+
+
+def test_benchmark_times_whole_steps_not_launches():
+    """Issue 8 item 9: on a GPU a step returns once its kernels are queued; the benchmark's timer must wait
+    for them. A fake step that queues 20 ms of device work and returns at once, like a CUDA step."""
+    from benchmarks.sampler import timed_steps
+
+    queue = []
+
+    class Step:
+        def step(self):
+            queue.append(time.perf_counter() + 0.02)  # the device finishes this step 20 ms from now
+
+    def sync():  # torch.cuda.synchronize: wait until the queued work is done
+        while queue:
+            time.sleep(max(0.0, queue.pop(0) - time.perf_counter()))
+
+    assert timed_steps(Step(), 5, sync) >= 0.019
