@@ -15,20 +15,20 @@ from mtbench.sampling.sensor import COUNTER, GAUGE, Field
 from mtbench.sampling.windows import cpu_utilization, process_cpu_pct, summarize, system_memory_peak_bytes
 
 # A child that reports "go", then for `seconds` spins for `duty` of every 10 ms slice and sleeps the rest,
-# then prints the CPU time it got per second of wall time (the truth, from its own clock: on a loaded
-# machine a spinning process is not on a core all the time it spins).
+# then prints the monotonic start and end of that loop and the CPU time it got in between (the truth, from
+# its own clock: on a loaded machine a spinning process is not on a core all the time it spins).
 CHILD = """
 import sys, time
 duty, seconds = float(sys.argv[1]), float(sys.argv[2])
 print("go", flush=True)
-start = time.perf_counter(); cpu0 = time.process_time()
-while time.perf_counter() - start < seconds:
-    t = time.perf_counter()
-    while time.perf_counter() - t < 0.010 * duty:
+start = time.monotonic(); cpu0 = time.process_time()
+while time.monotonic() - start < seconds:
+    t = time.monotonic()
+    while time.monotonic() - t < 0.010 * duty:
         pass
     if duty < 1:
         time.sleep(0.010 * (1 - duty))
-print((time.process_time() - cpu0) / (time.perf_counter() - start), flush=True)
+print(start, time.monotonic(), time.process_time() - cpu0, flush=True)
 """
 
 
@@ -38,13 +38,12 @@ def test_cpu_of_a_known_load_within_5_points(duty):
     sensor = ProcfsSensor(pid=child.pid)
     sampler = Sampler([sensor], interval_ms=5).start()
     assert child.stdout.readline().strip() == "go"
-    start = time.monotonic()
-    time.sleep(1.0)  # the window lies wholly inside the child's loop
-    end = time.monotonic()
-    truth = float(child.stdout.readline()) * 100
+    start, end, cpu_s = map(float, child.stdout.readline().split())  # the window: the child's loop
+    time.sleep(0.05)
     child.wait()
     samples = sampler.stop()
     sensor.close()
+    truth = 100 * cpu_s / (end - start)
     measured = process_cpu_pct(samples, [(start, end)])
     assert measured == pytest.approx(truth, abs=5), (measured, truth)
     # the same ticks seen system-wide: the busy cores together carry at least the child's load

@@ -80,6 +80,59 @@ def parse_meminfo(text: bytes) -> Optional[int]:
     return None
 
 
+def parse_ppid(stat: bytes) -> int:
+    return int(stat.rsplit(b")", 1)[1].split()[1])  # field 4
+
+
+class _TreeLedger:
+    """The CPU ticks of a process tree across samples, each counted once.
+
+    Each live member counts its own time plus its waited-for children's (cutime, cstime). A member that
+    vanishes was reaped: its time is now inside its parent's cutime, but only a later read of the parent
+    shows it, and the parent may exit first (GNU time reaps its command, prints, exits). So a vanished
+    member's last ticks stay counted as pending until its parent is read again (then the parent holds them);
+    if the parent vanishes first, they move up to the grandparent with it; once the root (reaped by our
+    caller) or a member whose parent is outside the tree vanishes, its ticks and those pending on it are
+    kept for good.
+    """
+
+    def __init__(self, root_key: int) -> None:
+        self.root_key = root_key
+        self.gone = 0  # ticks no live member holds any more, kept for good
+        self.last: Dict[int, Tuple[int, int]] = {}  # member -> (ticks, ppid) at its last read
+        self.pending: Dict[int, Tuple[int, int]] = {}  # vanished member -> (ticks, the parent that reaped it)
+
+    def add_sample(self, procs) -> List[Optional[float]]:
+        read: Dict[int, Tuple[int, int]] = {}
+        rss, vanished = 0, []
+        for key, files in procs:
+            if files is None:
+                vanished.append(key)
+                continue
+            try:
+                t, r = parse_proc(*files, children=True)
+                ppid = parse_ppid(files[0])
+            except (IndexError, ValueError):
+                continue
+            read[key] = (t, ppid)
+            rss += r
+        self.last.update(read)
+        # a parent read after its child vanished (in an earlier sample) holds the child's time in its cutime
+        self.pending = {k: v for k, v in self.pending.items() if v[1] not in read}
+        for key in vanished:
+            ticks, ppid = self.last.pop(key, (0, -1))
+            for child, (t, parent) in list(self.pending.items()):
+                if parent == key:  # inside this member's ticks once its parent reads them: they move up with it
+                    self.pending[child] = (t, ppid)
+            self.pending[key] = (ticks, ppid)
+            if key == self.root_key or ppid not in self.last:
+                for k in [k for k, (_, parent) in self.pending.items() if parent == ppid]:
+                    self.gone += self.pending.pop(k)[0]
+        live = sum(t for t, _ in read.values())
+        total = self.gone + live + sum(t for t, _ in self.pending.values())
+        return [float(total), float(rss) if read else None]
+
+
 class ProcfsSensor(Sensor):
     """Per-core busy/total ticks (counters), the CPU ticks (counter) and RSS (gauge) of one process, and the
     system memory in use (gauge, MemTotal - MemAvailable from /proc/meminfo).
@@ -104,13 +157,11 @@ class ProcfsSensor(Sensor):
             self._procs: Dict[int, _ProcFiles] = {pid or 0: _ProcFiles(os.path.join(proc_root, str(pid) if pid else "self"))}
         except OSError as exc:
             raise SensorUnavailable(f"cannot open {exc.filename}: {exc.strerror}") from None
-        self._gone_ticks = 0  # CPU ticks of tree members that have exited (decode's state)
-        self._last_ticks: Dict[int, int] = {}  # each member's CPU ticks at its last decoded read
+        self._ledger = _TreeLedger(pid or 0)  # decode's state in tree mode
         self._reads = 0
         self._cores = [c for c, _, _ in parse_proc_stat(_read(self._stat_fd))]
         if not self._cores:
             raise SensorUnavailable(f"{self._stat_path} lists no cpuN lines")
-        self._root_key = pid or 0
         try:  # kept open and pread like /proc/stat; parsed in decode, after the run
             self._meminfo_fd: Optional[int] = os.open(os.path.join(proc_root, "meminfo"), os.O_RDONLY)
             if parse_meminfo(_read(self._meminfo_fd)) is None:
@@ -196,24 +247,18 @@ class ProcfsSensor(Sensor):
             # a core taken offline (Jetson power modes do this) disappears from /proc/stat: None, not 0
             busy, total = by_core.get(c, (None, None))
             out += [busy, total]
-        ticks, rss, alive = 0, 0, 0
-        for key, files in procs:
-            if files is None:
-                if self.tree:
-                    last = self._last_ticks.pop(key, 0)
-                    if key == self._root_key:  # reaped by our caller: nobody in the tree holds its time now
-                        self._gone_ticks += last
-                continue
-            try:
-                t, r = parse_proc(*files, children=self.tree)
-            except (IndexError, ValueError):
-                continue
-            self._last_ticks[key] = t
-            ticks, rss, alive = ticks + t, rss + r, alive + 1
         if not self.tree:
+            ticks, rss, alive = 0, 0, 0
+            for _, files in procs:
+                try:
+                    t, r = parse_proc(*files) if files is not None else (None, None)
+                except (IndexError, ValueError):
+                    t = None
+                if t is not None:
+                    ticks, rss, alive = ticks + t, rss + r, alive + 1
             out += [ticks, rss] if alive else [None, None]
         else:
-            out += [self._gone_ticks + ticks, rss if alive else None]
+            out += self._ledger.add_sample(procs)
         if self._meminfo_fd is not None:
             out.append(parse_meminfo(meminfo) if meminfo is not None else None)
         return out
