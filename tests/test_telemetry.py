@@ -6,7 +6,6 @@ import math
 import sys
 import threading
 import time
-import types
 
 import numpy as np
 import pytest
