@@ -98,6 +98,13 @@ class Job:
 
     def open_sampler(self) -> None:
         options = OmegaConf.to_container(self.cfg.sampler.get("options", {}) or {}, resolve=True)
+        nvml = options.setdefault("nvml", {}) or {}
+        if self.device.type == "cuda" and not nvml.get("job_uuids"):
+            # the job's energy and GPU utilization are those of the GPU it trains on, matched by UUID; other GPUs
+            # are recorded beside it, never added (torch without the uuid property: every GPU counts, as said)
+            uuid = getattr(torch.cuda.get_device_properties(self.device), "uuid", None)
+            nvml["job_uuids"] = [str(uuid)] if uuid is not None else None
+            options["nvml"] = nvml
         try:
             sensors, self.sensor_status = open_sensors(list(self.cfg.sampler.sensors), options)
         except SensorUnavailable as exc:
@@ -160,7 +167,8 @@ class Job:
         units = self.workload.units_per_sample() if self.workload is not None else {}
         throughput = spec.batch_size * len(self.durations) / total_time if total_time > 0 else None
         telemetry = windows.summarize(samples, self.sampler.marks, self.interval_ms) if samples is not None else {
-            "unavailable": {k: "the job ended before sampling" for k in ("cpu_util_pct", "gpu_util_pct", "power_w", "energy_j")}}
+            "unavailable": {k: "the job ended before sampling" for k in ("cpu_util_pct", "gpu_util_pct", "power_w", "energy_j",
+                                                                           "mem_system_peak_bytes")}}
         summary: Dict[str, Any] = {
             "schema": results.SCHEMA,
             "model": spec.model,
@@ -181,6 +189,9 @@ class Job:
             "energy_j": telemetry.get("energy_j"),
             "unavailable": telemetry["unavailable"],
             **self.mem,
+            # memory in use on the whole machine (MemTotal - MemAvailable): on a Jetson, whose GPU shares the
+            # DRAM, the figure the paper reports (tegrastats "RAM")
+            "mem_system_peak_bytes": telemetry.get("mem_system_peak_bytes"),
             "parameters": self.parameters,
             "cudnn_benchmark": self.cudnn_benchmark,
             "sampler": {**(self.sampler.stats() if self.sampler else {}), "sensors": self.sensor_status},
