@@ -277,6 +277,10 @@ def make_report(root: Path) -> Path:
 
 
 def main(args: List[str]) -> None:
+    if args in (["--help"], ["-h"]):
+        print("usage: mtbench report DIR\n\nWrites DIR/report/: summary.csv, README.md and figures of every job "
+              "(summary.json) under DIR, a run or multirun folder (see README: Reports).")
+        return
     if len(args) != 1:
         raise UsageError("usage: mtbench report DIR (a run or multirun folder)")
     out = make_report(Path(args[0]))
