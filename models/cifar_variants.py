@@ -39,14 +39,15 @@ def _check(variant: str) -> str:
     return variant
 
 
-def resnet(depth: int = 50, num_classes: int = 10, variant: str = "cifar") -> nn.Module:
+def resnet(depth: int = 50, num_classes: int = 10, variant: str = "cifar", width_per_group: int = 64) -> nn.Module:
+    """width_per_group: torchvision's bottleneck width knob (64 in the paper; smaller for quick tests)."""
     from torchvision import models
 
     builders: Dict[int, Callable[..., nn.Module]] = {50: models.resnet50, 101: models.resnet101,
                                                       152: models.resnet152}
     if depth not in builders:
         raise UsageError(f"model.workload.net.depth={depth!r} is not known; allowed: 50, 101, 152")
-    net = builders[depth](weights=None, num_classes=num_classes)
+    net = builders[depth](weights=None, num_classes=num_classes, width_per_group=width_per_group)
     if _check(variant) == "cifar":
         net.conv1 = nn.Conv2d(3, 64, kernel_size=3, stride=1, padding=1, bias=False)
         nn.init.kaiming_normal_(net.conv1.weight, mode="fan_out", nonlinearity="relu")  # as torchvision's init
@@ -60,12 +61,14 @@ MOBILENETV2_CIFAR_SETTING = [[1, 16, 1, 1], [6, 24, 2, 1], [6, 32, 3, 2], [6, 64
                              [6, 160, 3, 2], [6, 320, 1, 1]]
 
 
-def mobilenet_v2(num_classes: int = 10, variant: str = "cifar") -> nn.Module:
+def mobilenet_v2(num_classes: int = 10, variant: str = "cifar", width_mult: float = 1.0) -> nn.Module:
+    """width_mult: torchvision's channel multiplier (1.0 in the paper)."""
     from torchvision.models import MobileNetV2
 
     if _check(variant) == "imagenet":
-        return MobileNetV2(num_classes=num_classes)
-    net = MobileNetV2(num_classes=num_classes, inverted_residual_setting=MOBILENETV2_CIFAR_SETTING)
+        return MobileNetV2(num_classes=num_classes, width_mult=width_mult)
+    net = MobileNetV2(num_classes=num_classes, width_mult=width_mult,
+                      inverted_residual_setting=MOBILENETV2_CIFAR_SETTING)
     net.features[0][0].stride = (1, 1)  # the stem convolution: stride 1 for 32x32 inputs
     return net
 

@@ -34,7 +34,9 @@ class AttentionSeq2Seq(nn.Module):
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, src, src_len, tgt_in) -> torch.Tensor:
-        packed = pack_padded_sequence(self.dropout(self.src_embed(src)), src_len.cpu(), batch_first=True,
+        # src_len lives on the CPU, where pack_padded_sequence wants it: a GPU copy would need a GPU->CPU
+        # sync (src_len.cpu()) inside every timed step
+        packed = pack_padded_sequence(self.dropout(self.src_embed(src)), src_len, batch_first=True,
                                       enforce_sorted=False)
         enc, state = self.encoder(packed)
         enc, _ = pad_packed_sequence(enc, batch_first=True, total_length=src.shape[1])  # B x S x H
@@ -64,7 +66,9 @@ class Seq2Seq(Workload):
         self.batches = []
         for b in range(ctx.batches):
             pairs = slice(b * ctx.batch_size, (b + 1) * ctx.batch_size)
-            self.batches.append(tuple(t.to(ctx.device) for t in self._pad(corpus.src[pairs], corpus.tgt[pairs], *vocabs)))
+            src, src_len, tgt_in, tgt_out = self._pad(corpus.src[pairs], corpus.tgt[pairs], *vocabs)
+            # the lengths stay on the CPU (see AttentionSeq2Seq.forward): no sync in the timed step
+            self.batches.append((src.to(ctx.device), src_len, tgt_in.to(ctx.device), tgt_out.to(ctx.device)))
         # tokens a sentence pair carries through the step: source + target (+ its </s>)
         self.tokens_per_pair = float(np.mean([len(s) + len(t) + 1 for s, t in zip(corpus.src, corpus.tgt)]))
         self.i = 0
