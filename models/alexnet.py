@@ -5,7 +5,10 @@ NeurIPS 2012. torchvision's AlexNet starts with an 11x11 stride-4 convolution an
 max-pools, which shrink a 32x32 image to nothing; this variant keeps the five convolutions' widths
 (64-192-384-256-256) and the 9216-4096-4096 classifier, with 5x5 / 3x3 stride-1 convolutions and pools
 sized so that the feature map is 6x6 as in the original (32 -> 15 -> 7 -> 6). About 57M parameters,
-near the ~60M the paper's Table II gives. Larger inputs (data.image_size) are pooled to the same 6x6 map,
+near the ~60M the paper's Table II gives. No one CIFAR-10 AlexNet is standard: a common one
+(bearpaw/pytorch-classification, models/cifar/alexnet.py) keeps the 11x11 stride-4 stem, shrinks the map
+to 1x1 and drops the 4096-wide classifier (about 2.5M parameters); this one keeps the original's widths,
+map and classifier, so that its size and work are the paper's AlexNet's. Larger inputs (data.image_size) are pooled to the same 6x6 map,
 as torchvision's AlexNet does. `variant: imagenet` (models/cifar_variants.py) gives torchvision's AlexNet.
 """
 from __future__ import annotations

@@ -30,6 +30,12 @@ TINY = {
     "bert": ["model.workload.hidden=32", "model.workload.layers=2", "model.workload.heads=2",
              "model.workload.intermediate=64", "model.workload.seq_len=64", "model.workload.vocab_size=500"],
     "densenet100": ["model.workload.net.depth=22"],
+    # narrower blocks, same strides and maps: the batch-1 question is about the maps
+    "resnet50": ["model.workload.net.width_per_group=8"],
+    "resnet101": ["model.workload.net.width_per_group=8"],
+    "resnet152": ["model.workload.net.width_per_group=8"],
+    "mobilenetv2": ["model.workload.net.width_mult=0.25"],
+    "xception": ["model.workload.net.middle_blocks=1"],
 }
 
 
