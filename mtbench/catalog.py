@@ -100,6 +100,8 @@ def _conv_backward_mapping() -> dict:
 
     def conv_backward_flop(grad_out_shape, x_shape, w_shape, _bias, _stride, _padding, _dilation, transposed,
                            _output_padding, _groups, output_mask, out_shape=None, **kwargs) -> int:
+        # recent torch hands a custom formula shapes, older releases may hand it the tensors: take either
+        grad_out_shape, x_shape, w_shape = (getattr(t, "shape", t) for t in (grad_out_shape, x_shape, w_shape))
         flops = 0
         if output_mask[0]:  # the input gradient: a transposed convolution of grad_out with the weight
             flops += conv_flop_count(grad_out_shape, w_shape, x_shape, not transposed)
