@@ -168,3 +168,6 @@ def print_models(overrides: Sequence[str] = ()) -> None:
         table.add_row(row.name, f"{row.parameters / 1e6:.2f}M", f"{row.paper_params / 1e6:.0f}M" if row.paper_params
                       else "", flops, row.flops_note, row.description)
     console.print(table)
+    left_out = sorted(set(group_options("model")) - {row.name for row in rows})
+    if left_out:
+        console.print(f"left out (the overrides do not apply to them): {', '.join(left_out)}")
