@@ -15,7 +15,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from mtbench.config import GROUPS, conf_dir, group_options, positive_float, positive_int
+from mtbench.config import GROUPS, check_targets, conf_dir, group_options, positive_float, positive_int
 from mtbench.errors import UsageError
 from mtbench.sweep import override_values
 
@@ -52,7 +52,10 @@ def check_overrides(args: List[str]) -> None:
         values = override_values(override)
         if values is None:
             continue
-        if key in GROUPS:
+        if key.endswith("_target_"):
+            for value in values:
+                check_targets({"_target_": value}, key)
+        elif key in GROUPS:
             allowed = group_options(key)
             for value in values:
                 if str(value) not in allowed:
@@ -135,6 +138,8 @@ def hydra_app(cfg: DictConfig) -> float:
                   flush=True)
             return objective_value(done, objective)
     try:
+        # every _target_ resolves to an allowed module (checked here, in the parent, before this job runs)
+        check_targets(cfg)
         summary = run_isolated(cfg, hydra_cfg.runtime.output_dir)  # the job trains in a child process
     except UsageError as exc:
         _fail(str(exc))
@@ -177,7 +182,11 @@ def main(argv: Optional[List[str]] = None) -> None:
     if args and args[0] == "models":
         from mtbench.catalog import print_models
 
-        print_models()
+        try:
+            check_overrides(args[1:])
+            print_models(args[1:])
+        except UsageError as exc:
+            _fail(str(exc))
         return
     if args and args[0] == "report":
         from mtbench.report import main as report_main
