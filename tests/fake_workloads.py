@@ -18,17 +18,45 @@ class _Base(Workload):
 
 
 class OutOfMemory(_Base):
-    """Raises the given kind of out-of-memory error on its first step."""
+    """Runs out of memory for real on its first step: the CPU allocator refuses an exabyte ("cpu", the text a real
+    DefaultCPUAllocator failure has), CUDA's caching allocator does ("cuda"), or Python's allocator ("MemoryError")."""
 
     def __init__(self, error: str = "MemoryError") -> None:
         self.error = error
 
     def step(self) -> None:
+        if self.error == "cpu":
+            torch.empty(1 << 60, dtype=torch.uint8)
         if self.error == "cuda":
-            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
-        if self.error == "runtime":
-            raise RuntimeError("CUDA error: out of memory")
-        raise MemoryError("cannot allocate 64 GiB")
+            torch.empty(1 << 60, dtype=torch.uint8, device="cuda")
+        bytearray(1 << 60)
+
+
+class Signalled(_Base):
+    """Its process receives `signal` (a name such as SIGKILL or SIGSEGV) during step `at_step`."""
+
+    def __init__(self, signal: str = "SIGKILL", at_step: int = 1) -> None:
+        self.signal = signal
+        self.at_step = at_step
+        self.steps = 0
+
+    def step(self) -> None:
+        import os
+        import signal
+
+        self.steps += 1
+        if self.steps == self.at_step:
+            os.kill(os.getpid(), getattr(signal, self.signal))
+
+
+class StickyCudaError(_Base):
+    """A step fails, then releasing the workload fails the way a sticky CUDA error makes every later call fail."""
+
+    def step(self) -> None:
+        raise ValueError("a bug in the model")
+
+    def close(self) -> None:
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
 
 
 class Broken(_Base):
@@ -39,10 +67,13 @@ class Broken(_Base):
 class BusyLoop(_Base):
     """One thread spinning in Python for `seconds` per step: 100 % of one core."""
 
-    def __init__(self, seconds: float = 0.3) -> None:
+    def __init__(self, seconds: float = 0.3, ready_file: str = "") -> None:
         self.seconds = seconds
+        self.ready_file = ready_file  # touched at the first step, for tests that act on a running job
 
     def step(self) -> None:
+        if self.ready_file:
+            open(self.ready_file, "a").close()
         end = time.perf_counter() + self.seconds
         while time.perf_counter() < end:
             pass
@@ -58,3 +89,16 @@ class Interrupted(_Base):
         self.steps += 1
         if self.steps == 2:
             raise KeyboardInterrupt
+
+
+class CrashOnClose(_Base):
+    """Trains, then its process dies of SIGSEGV while the workload is released (as a driver teardown can)."""
+
+    def step(self) -> None:
+        pass
+
+    def close(self) -> None:
+        import os
+        import signal
+
+        os.kill(os.getpid(), signal.SIGSEGV)

@@ -73,10 +73,15 @@ def test_ctrl_c_writes_an_interrupted_summary_and_exits_130(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "mtbench", "model=vgg16", "batch=8", "device=cpu", "warmup=0",
                              "steps=500", f"hydra.run.dir={tmp_path}"], cwd=REPO, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    # VGG16's 134M parameters (0.54 GB) are built inside the job: past 1 GB of RSS the job is running
+    # VGG16's 134M parameters (0.54 GB) are built inside the job's process: past 1 GB of RSS the job is running
     deadline = time.monotonic() + 180
-    while psutil.Process(proc.pid).memory_info().rss < 1_000_000_000 and time.monotonic() < deadline:
+
+    def job_rss() -> int:
+        return sum(c.memory_info().rss for c in psutil.Process(proc.pid).children())
+
+    while job_rss() < 1_000_000_000 and time.monotonic() < deadline:
         time.sleep(0.1)
+    assert time.monotonic() < deadline, "the job's process never built VGG16"
     time.sleep(1.0)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
@@ -84,3 +89,100 @@ def test_ctrl_c_writes_an_interrupted_summary_and_exits_130(tmp_path):
     assert "Traceback" not in err
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["success"] is False and summary["failure"]["kind"] == "interrupted"
+
+
+def test_the_end_table_lists_jobs_by_number(tmp_path):
+    from mtbench.sweep import summaries_in_job_order
+
+    for name in ("10-alexnet-b64", "2-alexnet-b4", "1-alexnet-b2", "0-alexnet-b1"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "summary.json").write_text("{}")
+    assert [p.parent.name for p in summaries_in_job_order(tmp_path)] == [
+        "0-alexnet-b1", "1-alexnet-b2", "2-alexnet-b4", "10-alexnet-b64"]
+
+
+def test_help_lists_choices_not_bases():
+    proc = mtbench_cli("--help")
+    assert proc.returncode == 0, proc.stderr
+    listing = proc.stdout.split("== Configuration groups ==")[1].split("== Config ==")[0]
+    groups = {line.split(":")[0]: line for line in listing.splitlines() if ":" in line}
+    assert "alexnet" in groups["model"] and "procfs" in groups["sampler"]
+    assert "_cnn" not in proc.stdout and "_base" not in proc.stdout
+
+
+def test_objective_is_what_a_sweeper_gets():
+    import math
+
+    from mtbench.cli import objective_value
+
+    ok = {"success": True, "batch_size": 4, "step_time_s": {"median": 0.5}, "throughput_samples_per_s": 8.0,
+          "energy_j": {"per_step_mean": 2.0}}
+    assert objective_value(ok, "step_time_s") == 0.5
+    assert objective_value(ok, "throughput") == 8.0
+    assert objective_value(ok, "energy_per_sample_j") == 0.5
+    # without the figure, the worst value for the direction (Optuna < 3 ends the study on NaN)
+    assert objective_value(dict(ok, energy_j=None), "energy_per_sample_j") == math.inf
+    assert objective_value(dict(ok, success=False), "throughput") == -math.inf
+    assert objective_value(dict(ok, success=False), "step_time_s") == math.inf
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["device_lock=maybe"], "device_lock='maybe' is not known; allowed: wait, fail, off"),
+    (["objective=speed"], "objective='speed' is not known; allowed: step_time_s, throughput, energy_per_sample_j"),
+    (["-m", "objective=energy_per_sample_j", "batch=1,2"], "objective=energy_per_sample_j needs a power sensor"),
+])
+def test_run_settings_are_checked_before_any_job(args, needle, tmp_path):
+    proc = mtbench_cli(*args, f"hydra.run.dir={tmp_path}", f"hydra.sweep.dir={tmp_path}")
+    assert proc.returncode == 2 and needle in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_optuna_searches_batch_size_by_the_objective(tmp_path):
+    pytest.importorskip("hydra_plugins.hydra_optuna_sweeper")
+    proc = mtbench_cli("-m", "hydra/sweeper=optuna", "hydra.sweeper.direction=maximize", "hydra.sweeper.n_trials=2",
+                       "hydra.sweeper.sampler.seed=7", "objective=throughput", "model=squeezenet", "device=cpu",
+                       "warmup=0", "steps=1", "batch=choice(1,4,16,64)", f"hydra.sweep.dir={tmp_path}")
+    assert proc.returncode == 0, proc.stderr
+    summaries = [json.loads(p.read_text()) for p in tmp_path.rglob("summary.json")]
+    assert len(summaries) == 2
+    best = max(summaries, key=lambda s: s["throughput_samples_per_s"])
+    assert f"Best parameters: {{'batch': {best['batch_size']}}}" in proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("launcher, parallel", [
+    ({"_target_": "hydra._internal.core_plugins.basic_launcher.BasicLauncher"}, False),
+    ({"_target_": "hydra_plugins.hydra_joblib_launcher.joblib_launcher.JoblibLauncher", "n_jobs": -1}, True),
+    ({"_target_": "hydra_plugins.hydra_joblib_launcher.joblib_launcher.JoblibLauncher", "n_jobs": 1}, False),
+    ({"_target_": "hydra_plugins.hydra_submitit_launcher.submitit_launcher.LocalLauncher"}, True),
+    ({"_target_": "hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher"}, False),
+    ({"_target_": "hydra_plugins.hydra_ray_launcher.ray_launcher.RayLauncher", "ray": {"init": {"address": None}}}, True),
+    ({"_target_": "hydra_plugins.hydra_ray_launcher.ray_launcher.RayLauncher",
+      "ray": {"init": {"address": "10.0.0.1:6379"}}}, False),
+])
+def test_launchers_that_run_jobs_at_once_here_need_allow_parallel(launcher, parallel):
+    from omegaconf import OmegaConf
+
+    from mtbench.sweep import sweep_problem
+
+    for allow in (False, True):
+        cfg = OmegaConf.create({"hydra": {"launcher": launcher}, "allow_parallel": allow, "objective": "step_time_s",
+                                "sampler": {"sensors": ["procfs"]}})
+        problem = sweep_problem(cfg)
+        assert (problem is not None) == (parallel and not allow), problem
+        assert problem is None or "allow_parallel=true runs them anyway" in problem
+
+
+def test_a_failed_trial_does_not_end_an_optuna_search(tmp_path):
+    pytest.importorskip("hydra_plugins.hydra_optuna_sweeper")
+    proc = mtbench_cli("-m", "hydra/sweeper=optuna", "hydra.sweeper.n_trials=1", "model=squeezenet", "device=cpu",
+                       "warmup=0", "steps=1", "batch=choice(1000000000)", f"hydra.sweep.dir={tmp_path}")
+    assert proc.returncode == 0, proc.stderr  # the out-of-memory trial is the worst value, not a crash
+    (summary,) = [json.loads(p.read_text()) for p in tmp_path.rglob("summary.json")]
+    assert summary["failure"]["kind"] == "oom"
+
+
+def test_help_of_subcommands_and_of_a_sweep():
+    proc = mtbench_cli("report", "--help")
+    assert proc.returncode == 0 and "usage: mtbench report DIR" in proc.stdout, proc.stderr
+    proc = mtbench_cli("--help", "model=resnet50,vgg16")
+    assert proc.returncode == 0 and "== Configuration groups ==" in proc.stdout, proc.stderr

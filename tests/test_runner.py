@@ -8,6 +8,7 @@ import pytest
 
 from mtbench.results import REQUIRED_KEYS, SCHEMA
 from mtbench.runner import is_oom
+from tests.conftest import compose_cfg
 
 import torch
 
@@ -49,30 +50,92 @@ def test_summary_follows_the_contract(run, tmp_path):
     assert rows == sampler["samples"]
 
 
-@pytest.mark.parametrize("error", ["MemoryError", "cuda", "runtime"])
+FAKE = ["model=squeezenet", "~model.workload.net", "~model.workload.optimizer", "~model.workload.input_shape",
+        "~model.workload.num_classes"]
+
+
+@pytest.mark.parametrize("error", ["MemoryError", "cpu"])
 def test_oom_is_recorded_and_the_next_job_runs(run, tmp_path, error):
-    failed = run(["model=squeezenet", "model.workload._target_=tests.fake_workloads.OutOfMemory",
-                  f"+model.workload.error={error}", "~model.workload.net", "~model.workload.optimizer",
-                  "~model.workload.input_shape", "~model.workload.num_classes"], name="oom")
+    # real allocation failures: Python's allocator and torch's DefaultCPUAllocator refusing an exabyte
+    failed = run(FAKE + ["model.workload._target_=tests.fake_workloads.OutOfMemory", f"+model.workload.error={error}"],
+                 name="oom")
     assert failed["success"] is False
-    assert failed["failure"]["kind"] == "oom"
-    assert "memory" in failed["failure"]["message"].lower()
+    assert failed["failure"]["kind"] == "oom", failed["failure"]
     on_disk = json.loads((tmp_path / "oom" / "summary.json").read_text())
     assert on_disk["failure"]["kind"] == "oom"
     assert run(["model=squeezenet", "batch=2"], name="next")["success"] is True
 
 
 def test_other_errors_are_recorded_as_error(run):
-    s = run(["model=squeezenet", "model.workload._target_=tests.fake_workloads.Broken",
-             "~model.workload.net", "~model.workload.optimizer", "~model.workload.input_shape",
-             "~model.workload.num_classes"])
+    s = run(FAKE + ["model.workload._target_=tests.fake_workloads.Broken"])
     assert s["failure"] == {"kind": "error", "message": "ValueError: a bug in the model"}
 
 
-def test_is_oom():
-    assert is_oom(RuntimeError("CUDA out of memory. Tried to allocate"))
-    assert is_oom(MemoryError())
-    assert not is_oom(RuntimeError("shape mismatch"))
+def test_is_oom_on_real_allocator_failures():
+    with pytest.raises(RuntimeError) as cpu:
+        torch.empty(1 << 60, dtype=torch.uint8)
+    assert "DefaultCPUAllocator: can't allocate memory" in str(cpu.value)
+    assert is_oom(cpu.value)
+    with pytest.raises(MemoryError) as py:
+        bytearray(1 << 60)
+    assert is_oom(py.value)
+    assert not is_oom(RuntimeError("mat1 and mat2 shapes cannot be multiplied (2x3 and 4x5)"))
+
+
+@pytest.mark.parametrize("text", [
+    # as torch words them (no GPU here to provoke them): the CUDA caching allocator; a Jetson build whose
+    # failed cudaMalloc trips the allocator's NVML assert; cuBLAS and cuDNN failing to get workspace
+    "CUDA out of memory. Tried to allocate 2.00 GiB (GPU 0; 7.67 GiB total capacity; 5.91 GiB already allocated)",
+    'NVML_SUCCESS == r INTERNAL ASSERT FAILED at "../c10/cuda/CUDACachingAllocator.cpp":1154, please report a bug '
+    "to PyTorch.",
+    "CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`",
+    "cuDNN error: CUDNN_STATUS_ALLOC_FAILED",
+])
+def test_is_oom_on_gpu_allocator_texts(text):
+    assert is_oom(RuntimeError(text))
+
+
+def test_sticky_error_in_cleanup_keeps_the_recorded_failure(run, tmp_path):
+    s = run(FAKE + ["model.workload._target_=tests.fake_workloads.StickyCudaError"])
+    assert s["failure"] == {"kind": "error", "message": "ValueError: a bug in the model"}
+    assert json.loads((tmp_path / "job" / "summary.json").read_text())["failure"]["kind"] == "error"
+
+
+def test_a_failed_write_is_one_line_and_cleanup_still_runs(run, tmp_path, monkeypatch, capsys):
+    import errno
+
+    from mtbench import results, runner
+
+    def full_disk(out_dir, summary):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    released = []
+    monkeypatch.setattr(results, "write_summary", full_disk)
+    monkeypatch.setattr(runner, "_release", lambda job: released.append(job.workload) or setattr(job, "workload", None))
+    s = runner.run_job(compose_cfg(["model=squeezenet", "batch=1"]), tmp_path / "job")
+    assert s["success"] and "No space left on device" in s["write_error"]
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("mtbench: error: the results of this job could not be written")
+    assert released and released[0] is not None  # the workload was handed to cleanup
+
+
+def test_a_second_ctrl_c_while_writing_waits_for_the_results(run, tmp_path, monkeypatch):
+    import os
+    import signal
+
+    from mtbench import runner
+
+    real_write = runner._write
+
+    def interrupted_write(job, samples):
+        os.kill(os.getpid(), signal.SIGINT)  # the second Ctrl-C, in the middle of writing the results
+        real_write(job, samples)
+
+    monkeypatch.setattr(runner, "_write", interrupted_write)
+    with pytest.raises(KeyboardInterrupt):
+        run(FAKE + ["model.workload._target_=tests.fake_workloads.Interrupted", "steps=5"])
+    s = json.loads((tmp_path / "job" / "summary.json").read_text())
+    assert s["failure"]["kind"] == "interrupted" and (tmp_path / "job" / "samples.csv").exists()
 
 
 def test_peak_memory_is_reset_between_jobs(run):
@@ -85,9 +148,7 @@ def test_peak_memory_is_reset_between_jobs(run):
 
 
 def test_busy_loop_reads_one_full_core(run):
-    s = run(["model=squeezenet", "model.workload._target_=tests.fake_workloads.BusyLoop",
-             "~model.workload.net", "~model.workload.optimizer", "~model.workload.input_shape",
-             "~model.workload.num_classes", "steps=3"])
+    s = run(FAKE + ["model.workload._target_=tests.fake_workloads.BusyLoop", "steps=3"])
     # one thread spinning is 100 % of one core; the sampler thread adds its own share (it competes with
     # the spinning thread for the GIL, so that share is not simply additive: the exact truth test of the
     # aggregation is in test_sampling.py, on a separate process)
@@ -100,8 +161,7 @@ def test_busy_loop_reads_one_full_core(run):
 
 def test_ctrl_c_is_recorded_then_raised(run, tmp_path):
     with pytest.raises(KeyboardInterrupt):
-        run(["model=squeezenet", "model.workload._target_=tests.fake_workloads.Interrupted", "~model.workload.net",
-             "~model.workload.optimizer", "~model.workload.input_shape", "~model.workload.num_classes", "steps=5"])
+        run(FAKE + ["model.workload._target_=tests.fake_workloads.Interrupted", "steps=5"])
     s = json.loads((tmp_path / "job" / "summary.json").read_text())
     assert s["failure"] == {"kind": "interrupted", "message": "interrupted by the user (Ctrl-C)"}
     assert s["measured_steps"] == 1 and s["success"] is False

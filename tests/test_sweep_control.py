@@ -1,0 +1,69 @@
+"""One measurement per device at a time (a lock across processes), and resuming a sweep that was killed."""
+from __future__ import annotations
+
+import csv
+import fcntl
+import json
+import os
+import signal
+import subprocess
+import sys
+
+from tests.conftest import REPO, mtbench_cli
+
+JOB = ["model=squeezenet", "batch=1", "device=cpu", "warmup=1", "steps=4"]
+
+
+def _cli(*args: str) -> subprocess.Popen:
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    return subprocess.Popen([sys.executable, "-m", "mtbench", *args], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def _window(job_dir) -> tuple:
+    with open(job_dir / "steps.csv") as f:
+        rows = list(csv.DictReader(f))
+    return min(float(r["start_s"]) for r in rows), max(float(r["end_s"]) for r in rows)
+
+
+def test_two_runs_on_one_cpu_do_not_overlap_their_steps(tmp_path):
+    runs = [_cli(*JOB, f"lock_dir={tmp_path}", f"hydra.run.dir={tmp_path / name}") for name in ("a", "b")]
+    errs = [p.communicate(timeout=300)[1] for p in runs]
+    assert [p.returncode for p in runs] == [0, 0], errs
+    (a0, a1), (b0, b1) = _window(tmp_path / "a"), _window(tmp_path / "b")
+    assert a1 <= b0 or b1 <= a0, ((a0, a1), (b0, b1))  # steps.csv times are CLOCK_MONOTONIC, one clock
+    assert sum("waiting for cpu: another mtbench job (pid" in e for e in errs) == 1, errs
+
+
+def test_device_lock_fail_is_one_line(tmp_path):
+    with open(tmp_path / "mtbench-cpu.lock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        held.write("4242")
+        held.flush()
+        proc = mtbench_cli(*JOB, "device_lock=fail", f"lock_dir={tmp_path}", f"hydra.run.dir={tmp_path / 'run'}")
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == ("mtbench: error: cpu is being measured by another mtbench job (pid 4242); "
+                                   "device_lock=wait waits for it, device_lock=off measures anyway")
+    assert not (tmp_path / "run" / "summary.json").exists()
+
+
+def test_a_killed_sweep_resumes_with_the_jobs_it_had_not_finished(tmp_path):
+    sweep_args = ["-m", "model=squeezenet", "batch=1,2,3,4,5", "device=cpu", "warmup=0", "steps=1",
+                  f"hydra.sweep.dir={tmp_path}", f"lock_dir={tmp_path}"]
+    sweep = _cli(*sweep_args)
+    for line in sweep.stdout:
+        if line.startswith("[job 3 of 5]"):  # jobs 1 and 2 are done
+            os.kill(sweep.pid, signal.SIGKILL)  # its job's process dies with it (PR_SET_PDEATHSIG)
+            break
+    sweep.communicate(timeout=60)
+    done = {p.parent.name: p.stat().st_mtime_ns for p in tmp_path.rglob("summary.json")}
+    assert sorted(done) == ["0-squeezenet-b1", "1-squeezenet-b2"]
+
+    resumed = _cli(*sweep_args, "resume=true")
+    out, err = resumed.communicate(timeout=600)
+    assert resumed.returncode == 0, err
+    assert out.count("not run again") == 2
+    summaries = {p.parent.name: p for p in tmp_path.rglob("summary.json")}
+    assert len(summaries) == 5
+    assert all(json.loads(p.read_text())["success"] for p in summaries.values())
+    assert {name: summaries[name].stat().st_mtime_ns for name in done} == done  # the finished two untouched
