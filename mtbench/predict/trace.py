@@ -9,10 +9,8 @@ from typing import Any, Callable, Dict, Iterator, List, Tuple
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
+from mtbench.memory.breakdown import PARTS as BREAKDOWN_KEYS  # the measured breakdown's keys: ours too
 from mtbench.workload import SetupContext, Workload
-
-# Keys of the breakdown, the same as the measured one (mtbench/memory): what a byte of the peak holds.
-BREAKDOWN_KEYS = ("parameters", "gradients", "optimizer_state", "activations", "inputs", "other")
 
 
 @dataclass
@@ -23,6 +21,8 @@ class StepTrace:
     fake: bool  # traced on fake tensors (nothing allocated) or on real ones
     peak_tensor_bytes: int  # peak of live tensor storage during the step (before any allocator rounding)
     breakdown_bytes: Dict[str, int]  # BREAKDOWN_KEYS at that peak; sums to peak_tensor_bytes
+    inputs_bytes: int  # tensors the workload holds between steps that are neither parameters nor optimizer state
+    state_bytes: int  # the optimizers' state tensors
     flops: int  # FLOPs of the step (torch.utils.flop_counter formulas), forward + backward + optimizer
     forward_flops: int  # of which outside autograd's backward
     bytes_moved: int  # sum over ops of input + output tensor bytes (views excluded): a DRAM-traffic proxy
@@ -232,12 +232,14 @@ def trace_step(make_workload: Callable[[], Workload], ctx: SetupContext, fake: b
             workload.step()
         peak = tracker.get_tracker_snapshot("peak")
     dev_snap = _device_snapshot(peak, ctx.device)
-    breakdown = _breakdown(dev_snap, inputs_bytes, state_bytes)
+    parts = breakdown(dev_snap, inputs_bytes, state_bytes)
     return StepTrace(
         device=str(ctx.device.type),
         fake=fake,
-        peak_tensor_bytes=int(sum(breakdown.values())),
-        breakdown_bytes=breakdown,
+        peak_tensor_bytes=int(sum(parts.values())),
+        breakdown_bytes=parts,
+        inputs_bytes=inputs_bytes,
+        state_bytes=state_bytes,
         flops=int(flops.get_total_flops()),
         forward_flops=int(counter.forward_flops),
         bytes_moved=int(counter.bytes_moved),
@@ -393,23 +395,24 @@ def _device_snapshot(peak: Dict[Any, Dict[Any, int]], device: torch.device) -> D
     return out
 
 
-def _breakdown(snap: Dict[str, int], inputs_bytes: int, state_bytes: int) -> Dict[str, int]:
+def breakdown(snap: Dict[str, int], inputs_bytes: int, state_bytes: int) -> Dict[str, int]:
     """MemTracker's kinds in the measured breakdown's keys.
 
-    Parameter + Buffer -> parameters; Gradient -> gradients; Optstate -> optimizer_state up to the size of the
-    optimizers' state, the rest (temporaries of the update, e.g. a foreach weight decay) -> other; Activation
-    (forward outputs) + Temp (backward temporaries, gradients of activations) -> activations; Other (tensors
-    the workload holds: its prepared batches, targets) -> inputs up to their size, the rest -> other.
+    As mtbench.memory.breakdown maps the measured one: Parameter -> parameters; Gradient -> gradients;
+    Optstate -> optimizer_state up to the size of the optimizers' state (the rest, temporaries of the update
+    such as a weight-decayed copy of a gradient, -> other); Activation -> activations; Other (tensors the
+    workload holds: its prepared batches) -> inputs; Buffer (BatchNorm statistics) and Temp (the backward's
+    temporaries, gradients of activations) -> other.
     """
     held = snap.get("Other", 0)
     inputs = min(inputs_bytes, held)
     opt = snap.get("Optstate", 0)
     state = min(state_bytes, opt)
     return {
-        "parameters": snap.get("Parameter", 0) + snap.get("Buffer", 0),
+        "parameters": snap.get("Parameter", 0),
         "gradients": snap.get("Gradient", 0),
         "optimizer_state": state,
-        "activations": snap.get("Activation", 0) + snap.get("Temp", 0),
+        "activations": snap.get("Activation", 0),
         "inputs": inputs,
-        "other": held - inputs + opt - state,
+        "other": held - inputs + opt - state + snap.get("Buffer", 0) + snap.get("Temp", 0),
     }
