@@ -47,11 +47,11 @@ def measured_training_bytes(s: Dict[str, Any]) -> Optional[int]:
 
 def calibrate(folder: Path, target: Optional[str] = None, out: Optional[str] = None,
               summaries: Optional[List[Dict[str, Any]]] = None,
-              overrides: Tuple[str, ...] = ()) -> Tuple[Calibration, Path, List[str]]:
+              overrides: Tuple[str, ...] = (), predictor: Any = None) -> Tuple[Calibration, Path, List[str]]:
     """Fit and store the calibration of the sweep in `folder` (or of the given summaries).
 
     Each job is traced as `model=<its model> batch=<its batch>` plus `overrides` (the config overrides the
-    sweep ran with, other than model and batch)."""
+    sweep ran with, other than model and batch). A given `predictor` (its traces cached) is used as is."""
     from mtbench.predict.predictor import Predictor
 
     runs = summaries if summaries is not None else read_summaries(folder)
@@ -64,7 +64,8 @@ def calibrate(folder: Path, target: Optional[str] = None, out: Optional[str] = N
         if len(targets) != 1:
             raise UsageError(f"{folder} mixes targets {', '.join(targets)}; say which with target=T")
         target = targets[0]
-    predictor = Predictor(target_name=target, device=device, overrides=tuple(overrides))
+    if predictor is None:
+        predictor = Predictor(target_name=target, device=device, overrides=tuple(overrides))
     predictor.calibration = None  # fit from the traces alone
     t = predictor.target
     scaled = device == "cuda" and t.peak_fp32_flops is not None and t.dram_bandwidth_bytes_per_s is not None
