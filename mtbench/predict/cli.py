@@ -12,7 +12,8 @@ from mtbench.errors import UsageError
 
 PREDICT_USAGE = ("mtbench predict model=NAME batch=N [target=T] [device=cpu|cuda|auto] [max_batch=true|false] "
                  "[calibration=FILE] [out=DIR] [other overrides]   (-m: comma lists of models and batches)")
-CALIBRATE_USAGE = "mtbench calibrate DIR [target=T] [out=FILE] [overrides the sweep ran with, e.g. model.workload.seq_len=128]"
+CALIBRATE_USAGE = ("mtbench calibrate DIR [target=T] [out=FILE] "
+                   "[overrides the sweep ran with, e.g. model.workload.seq_len=128]")
 _OWN_KEYS = ("model", "batch", "target", "device", "max_batch", "calibration", "out")
 
 
@@ -110,7 +111,8 @@ def run_predictions(predictor, models: List[str], batches: List[int], want_max: 
             rows.append(row)
         if want_max and predictor.target.memory_budget_bytes is not None and rows[-1].error is None:
             try:
-                best, note = predictor.max_batch(model, max(r.batch_size for r in rows if r.model == model and r.error is None))
+                anchor = max(r.batch_size for r in rows if r.model == model and r.error is None)
+                best, note = predictor.max_batch(model, anchor)
             except Exception as exc:
                 best, note = None, f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
             for row in rows:

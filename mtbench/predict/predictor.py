@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -177,12 +176,13 @@ class Predictor:
         if cal is not None and cal.time_coef is not None:
             if cal.time_scaled and not (peak_flops and bandwidth):
                 return None, roofline, f"the calibration is scaled by peak figures target {self.target.name} lacks"
-            x = calibration.time_features(trace.flops, trace.bytes_moved, trace.ops,
-                                          peak_flops if cal.time_scaled else None, bandwidth if cal.time_scaled else None)
+            scale = (peak_flops, bandwidth) if cal.time_scaled else (None, None)
+            x = calibration.time_features(trace.flops, trace.bytes_moved, trace.ops, *scale)
             return float(x @ cal.time_coef), roofline, cal.describe()
         if roofline is not None:
             return roofline, roofline, ("not calibrated: the roofline of the target's peak FP32 FLOP/s and DRAM "
-                                        "bandwidth, a lower bound (run `mtbench calibrate DIR` on a sweep of the board)")
+                                        "bandwidth, a lower bound (run `mtbench calibrate DIR` on a sweep of the "
+                                        "board)")
         return None, None, ("not calibrated, and target none has no peak figures: run a sweep here and "
                             "`mtbench calibrate DIR`")
 
@@ -244,13 +244,15 @@ def _with_batches(trace: StepTrace, batches: int) -> StepTrace:
 
 
 def failed(model: str, batch: int, target: str, device: str, exc: BaseException) -> Prediction:
-    """A row that says why a job could not be predicted."""
+    """A row that says why a job could not be predicted (every figure None, never a made-up 0)."""
     msg = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-    return Prediction(model=model, batch_size=batch, target=target, device=device, traced="", tensors_bytes=0,
-                      breakdown_bytes={}, allocator_reserved_bytes=None, runtime_bytes=0, runtime_note="",
-                      peak_bytes=0, budget_bytes=None, fits=None, flops=0, forward_flops=0, bytes_moved=0, ops=0,
-                      roofline_s=None, step_time_s=None, time_note="", calibrated=False, trace_s=0.0, error=msg)
+    none: Any = None
+    return Prediction(model=model, batch_size=batch, target=target, device=device, traced="", tensors_bytes=none,
+                      breakdown_bytes={}, allocator_reserved_bytes=None, runtime_bytes=none, runtime_note="",
+                      peak_bytes=none, budget_bytes=None, fits=None, flops=none, forward_flops=none,
+                      bytes_moved=none, ops=none, roofline_s=None, step_time_s=None, time_note="", calibrated=False,
+                      trace_s=0.0, error=msg)
 
 
 def dumps(predictions: List[Prediction]) -> str:
-    return json.dumps([p.to_dict() for p in predictions], indent=2, default=lambda o: None if isinstance(o, float) and math.isnan(o) else str(o))
+    return json.dumps([p.to_dict() for p in predictions], indent=2, default=str)

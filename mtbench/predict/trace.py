@@ -27,7 +27,8 @@ class StepTrace:
     forward_flops: int  # of which outside autograd's backward
     bytes_moved: int  # sum over ops of input + output tensor bytes (views excluded): a DRAM-traffic proxy
     ops: int  # aten ops run (views excluded): a kernel-launch / dispatch count
-    events: List[Tuple[int, int, str]] = field(default_factory=list)  # (storage id, bytes or -1 when freed, kind) in order
+    # (storage key, bytes | -1 freed | -2 changed kind, kind) in order: what the allocator model replays
+    events: List[Tuple[int, int, str]] = field(default_factory=list)
     trace_s: float = 0.0  # wall time the trace took
 
 
@@ -161,7 +162,8 @@ class _StepCounter(torch.utils._python_dispatch.TorchDispatchMode):
             out = self._dynamic_shape(func, args, kwargs)
         if self.fake_mode is None:  # tracing real tensors: they have their values
             return self._count(func, args, kwargs, out, before)
-        small = all(t.numel() <= SMALL_NUMEL for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor))
+        tensors_out = [t for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
+        small = all(t.numel() <= SMALL_NUMEL for t in tensors_out)
         real = self._run_real(func, args, kwargs) if small else None
         outs = torch.utils._pytree.tree_leaves(out)
         if real is not None:
@@ -189,7 +191,8 @@ class _StepCounter(torch.utils._python_dispatch.TorchDispatchMode):
 def _zero_like_result(func: Any, args: Any) -> Any:
     """What a value-less fake scalar reads as: 0 of its dtype (False for bool)."""
     t = args[0] if args and isinstance(args[0], torch.Tensor) else None
-    if t is not None and t.dtype == torch.bool or func in (torch.ops.aten.is_nonzero.default, torch.ops.aten.equal.default):
+    if func in (torch.ops.aten.is_nonzero.default, torch.ops.aten.equal.default) or (
+            t is not None and t.dtype == torch.bool):
         return False
     if t is not None and (t.dtype.is_floating_point or t.dtype.is_complex):
         return 0.0
