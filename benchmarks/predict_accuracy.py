@@ -1,6 +1,6 @@
 """Predictor accuracy and cost on this machine, side by side with measurement (issue 10).
 
-    python benchmarks/predict_accuracy.py [--sweep DIR] [--batches 2,8,32] [--models a,b,...]
+    python benchmarks/predict_accuracy.py [--sweep DIR] [--batches 2,8,32] [--models a,b,...] [--no-speed]
 
 1. Runs (or, with --sweep, reuses) a CPU sweep of the 12 CNNs at batch 2, 8, 32 (warm-up 1, 3 measured steps)
    through mtbench's runner, each job in a fresh process that also records its resident memory before the
@@ -86,7 +86,7 @@ def pct(pred: float, meas: float) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--sweep", help="reuse this sweep folder instead of running one")
+    ap.add_argument("--sweep", help="the sweep folder: reused where it holds summaries, else the sweep runs into it")
     ap.add_argument("--batches", default="2,8,32")
     ap.add_argument("--models", default=",".join(CNNS))
     ap.add_argument("--no-speed", action="store_true", help="skip the BERT speed check")
@@ -97,7 +97,7 @@ def main() -> None:
     from mtbench.predict.predictor import Predictor
 
     folder = Path(args.sweep) if args.sweep else Path(tempfile.mkdtemp(prefix="mtbench-predict-")) / "sweep"
-    if not args.sweep:
+    if not any(folder.rglob("summary.json")):
         run_sweep(args.models.split(","), args.batches, folder)
     runs = sorted(read_summaries(folder), key=lambda s: (s["model"], s["batch_size"]))
     runs = [s for s in runs if s["model"] in args.models.split(",")]

@@ -126,14 +126,16 @@ class Predictor:
             return instantiate(cfg.model.workload)
 
         try:
-            return _with_batches(trace_step(make, ctx), batches), f"fake tensors on {trace_device.type}"
+            trace = trace_step(make, ctx, cuda_optimizers=self.device == "cuda")
+            return _with_batches(trace, batches), f"fake tensors on {trace_device.type}"
         except UsageError:
             raise
         except Exception as exc:  # a kernel that needs values fake tensors lack: trace real tensors instead
             why = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
         cpu_ctx = SetupContext(device=torch.device("cpu"), batch_size=batch, data=ctx.data, seed=ctx.seed,
                                batches=1)
-        return (_with_batches(trace_step(make, cpu_ctx, fake=False), batches),
+        trace = trace_step(make, cpu_ctx, fake=False, cuda_optimizers=self.device == "cuda")
+        return (_with_batches(trace, batches),
                 f"real tensors on cpu (allocates; on fake tensors: {why})")
 
     def predict(self, model: str, batch: int) -> Prediction:

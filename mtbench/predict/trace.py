@@ -209,13 +209,16 @@ _METADATA_OPS = {
 }
 
 
-def trace_step(make_workload: Callable[[], Workload], ctx: SetupContext, fake: bool = True) -> StepTrace:
+def trace_step(make_workload: Callable[[], Workload], ctx: SetupContext, fake: bool = True,
+               cuda_optimizers: bool = False) -> StepTrace:
     """Build the workload (`make_workload()`), set it up and run two training steps on fake tensors; measure the second.
 
     Nothing is allocated: every tensor is a FakeTensor (shape, dtype, device only), also on a device this
     machine does not have (ctx.device may be "cuda" on a host without a GPU). The first step creates the
     optimizer state; the second is the steady state the runner measures. With fake=False the same is done
     on real tensors (it allocates): for a workload whose kernels read values fake tensors do not have.
+    With cuda_optimizers, optimizers take the multi-tensor (foreach) path they take on a CUDA GPU, whatever
+    device is traced (its temporaries, e.g. a weight-decayed copy of every gradient, are part of the peak).
     """
     from torch.utils.flop_counter import FlopCounterMode
 
@@ -223,7 +226,8 @@ def trace_step(make_workload: Callable[[], Workload], ctx: SetupContext, fake: b
     fake_mode = _fake_mode() if fake else None
     flops = FlopCounterMode(display=False)
     counter = _StepCounter(flops, fake_mode)
-    with fake_mode or contextlib.nullcontext(), _swappable(fake_mode, counter):
+    foreach = _foreach_optimizers() if cuda_optimizers else contextlib.nullcontext()
+    with fake_mode or contextlib.nullcontext(), _swappable(fake_mode, counter), foreach:
         with counter:
             workload = make_workload()  # its parameters are fake from the start
             workload.setup(ctx)
@@ -273,6 +277,32 @@ def _swappable(fake_mode: Any, counter: _StepCounter) -> Iterator[None]:
         yield
     finally:
         torch.utils.swap_tensors = original
+
+
+@contextlib.contextmanager
+def _foreach_optimizers() -> Iterator[None]:
+    """torch.optim's default implementation choice as on a CUDA GPU: foreach (a fake or CPU tensor gets the
+    single-tensor loop otherwise)."""
+    import importlib
+
+    def cuda_default(params: Any, differentiable: bool, use_fused: bool = False) -> Tuple[bool, bool]:
+        return False, not differentiable and not torch.jit.is_scripting()
+
+    patched = []
+    for name in ("optimizer", "sgd", "adam", "adamw", "rmsprop", "adagrad", "adadelta", "adamax", "nadam",
+                 "radam", "rprop", "asgd"):
+        try:
+            module = importlib.import_module(f"torch.optim.{name}")
+        except ImportError:
+            continue
+        if hasattr(module, "_default_to_fused_or_foreach"):
+            patched.append((module, module._default_to_fused_or_foreach))
+            module._default_to_fused_or_foreach = cuda_default
+    try:
+        yield
+    finally:
+        for module, original in patched:
+            module._default_to_fused_or_foreach = original
 
 
 def _fake_mode() -> Any:
