@@ -1,6 +1,7 @@
 """Predictor accuracy and cost on this machine, side by side with measurement (issue 10).
 
     python benchmarks/predict_accuracy.py [--sweep DIR] [--batches 2,8,32] [--models a,b,...] [--no-speed]
+    python benchmarks/predict_accuracy.py --all-models   # every model at batch 8: how it traced, peak, FLOPs
 
 1. Runs (or, with --sweep, reuses) a CPU sweep of the 12 CNNs at batch 2, 8, 32 (warm-up 1, 3 measured steps)
    through mtbench's runner, each job in a fresh process that also records its resident memory before the
@@ -84,18 +85,39 @@ def pct(pred: float, meas: float) -> float:
     return (pred - meas) / meas * 100.0
 
 
+def all_models() -> None:
+    """Every model of conf/model predicted at batch 8: how it was traced, its peak, FLOPs and the trace time."""
+    from mtbench.config import group_options
+    from mtbench.predict.predictor import Predictor
+
+    for target in ("none", "tx2"):
+        predictor = Predictor(target_name=target, device="cpu")
+        for model in group_options("model"):
+            try:
+                p = predictor.predict(model, 8)
+                print(f"{target:<5} {model:<12} peak {p.peak_bytes / 2**20:>8.1f} MiB  {p.flops / 1e9:>8.1f} GFLOP  "
+                      f"trace {p.trace_s:>5.1f} s  {p.traced}", flush=True)
+            except Exception as exc:
+                print(f"{target:<5} {model:<12} FAILED {type(exc).__name__}: {str(exc).splitlines()[0][:150]}",
+                      flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sweep", help="the sweep folder: reused where it holds summaries, else the sweep runs into it")
     ap.add_argument("--batches", default="2,8,32")
     ap.add_argument("--models", default=",".join(CNNS))
     ap.add_argument("--no-speed", action="store_true", help="skip the BERT speed check")
+    ap.add_argument("--all-models", action="store_true",
+                    help="only predict every model of conf/model at batch 8 for target none and tx2 (how each traced)")
     args = ap.parse_args()
 
     from mtbench.predict.calibration import load, mape_pct
     from mtbench.predict.fit import calibrate, measured_training_bytes, read_summaries
     from mtbench.predict.predictor import Predictor
 
+    if args.all_models:
+        return all_models()
     folder = Path(args.sweep) if args.sweep else Path(tempfile.mkdtemp(prefix="mtbench-predict-")) / "sweep"
     if not any(folder.rglob("summary.json")):
         run_sweep(args.models.split(","), args.batches, folder)
