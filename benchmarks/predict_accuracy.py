@@ -138,7 +138,7 @@ def main() -> None:
     header = f"{'model':<12} {'batch':>5} {'half':>5} {'meas MiB':>9} {'pred MiB':>9} {'tensors':>8} {'err %':>7}" \
              f" {'meas s':>8} {'pred s':>8} {'err %':>7}"
     print("\n" + header + "\n" + "-" * len(header))
-    mem_err, time_pred, time_meas, tensor_err = [], [], [], []
+    mem_err, time_pred, time_meas, tensor_err, time_min, spread = [], [], [], [], [], []
     for s in runs:
         p = predictor.predict(s["model"], int(s["batch_size"]))
         meas_b = measured_training_bytes(s)
@@ -151,6 +151,8 @@ def main() -> None:
             tensor_err.append(abs(pct(p.tensors_bytes, meas_b)))
             time_pred.append(p.step_time_s)
             time_meas.append(meas_s)
+            time_min.append(s["step_time_s"]["min"])
+            spread.append((s["step_time_s"]["max"] - s["step_time_s"]["min"]) / meas_s * 100)
         print(f"{s['model']:<12} {s['batch_size']:>5} {half:>5} {meas_b / 2**20:>9.1f} {p.peak_bytes / 2**20:>9.1f} "
               f"{p.tensors_bytes / 2**20:>8.1f} {e_mem:>+7.1f} {meas_s:>8.3f} {p.step_time_s:>8.3f} {e_time:>+7.1f}")
     print(f"\nmemory (test half, {len(mem_err)} runs): median |error| {statistics.median(mem_err):.1f} % (goal <= 5), "
@@ -158,7 +160,9 @@ def main() -> None:
           f"worst {max(tensor_err):.1f} %")
     print(f"runtime memory fitted on the other half: {cal.runtime_bytes / 2**20:.1f} MiB "
           f"(residuals {cal.runtime_spread_bytes[0] / 2**20:.1f} to {cal.runtime_spread_bytes[1] / 2**20:.1f} MiB)")
-    print(f"time (test half): MAPE {mape_pct(time_pred, time_meas):.1f} % (goal <= 15)")
+    print(f"time (test half): MAPE {mape_pct(time_pred, time_meas):.1f} % (goal <= 15); against each job's fastest "
+          f"step {mape_pct(time_pred, time_min):.1f} %; the measured steps of one job spread (max - min) / median "
+          f"{statistics.median(spread):.0f} % (median over jobs): the noise of this machine")
 
     if not args.no_speed:
         out = subprocess.run([sys.executable, "-c", SPEED_CHILD], capture_output=True, text=True, cwd=REPO,
