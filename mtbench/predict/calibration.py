@@ -44,6 +44,7 @@ class Calibration:
     time_coef: Optional[List[float]] = None  # TIME_FEATURES' coefficients; None: no time fit
     time_scaled: bool = False  # x_flops / x_bytes scaled by the target's peaks (else raw FLOPs and bytes)
     time_fit_mape_pct: Optional[float] = None  # on the runs it was fitted on
+    time_stat: str = "median"  # the step-time statistic fitted: median, or min (the fastest measured step)
     runtime_bytes: Optional[int] = None  # training memory that is not tensors (median over the runs)
     runtime_spread_bytes: Optional[List[int]] = None  # min and max of that residual over the runs
     runtime_note: str = ""  # what the runtime part holds, or why it was not fitted
@@ -51,7 +52,8 @@ class Calibration:
     runs_used: List[str] = field(default_factory=list)  # "<model> b<batch>" of each run
 
     def describe(self) -> str:
-        return f"calibrated on {self.runs} runs of {self.source} ({self.device_name}, {self.created[:10]})"
+        return (f"calibrated on {self.runs} runs of {self.source} ({self.device_name}, {self.created[:10]}, "
+                f"{self.time_stat} step time)")
 
     def efficiencies(self) -> Dict[str, Optional[float]]:
         """The fitted fraction of peak FLOP/s and bandwidth (only where scaled by a target's peaks)."""

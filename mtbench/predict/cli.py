@@ -12,9 +12,9 @@ from mtbench.errors import UsageError
 
 PREDICT_USAGE = ("mtbench predict model=NAME batch=N [target=T] [device=cpu|cuda|auto] [max_batch=true|false] "
                  "[calibration=FILE] [out=DIR] [other overrides]   (-m: comma lists of models and batches)")
-CALIBRATE_USAGE = ("mtbench calibrate DIR [target=T] [out=FILE] "
+CALIBRATE_USAGE = ("mtbench calibrate DIR [target=T] [out=FILE] [time_stat=median|min] "
                    "[overrides the sweep ran with, e.g. model.workload.seq_len=128]")
-_OWN_KEYS = ("model", "batch", "target", "device", "max_batch", "calibration", "out")
+_OWN_KEYS = ("model", "batch", "target", "device", "max_batch", "calibration", "out", "time_stat")
 
 
 def _fail(message: str) -> int:
@@ -193,7 +193,7 @@ def main_calibrate(argv: Optional[List[str]] = None) -> int:
         from mtbench.predict.fit import calibrate
 
         cal, path, report = calibrate(Path(positional[0]), target=own.get("target"), out=own.get("out"),
-                                      overrides=tuple(rest))
+                                      overrides=tuple(rest), time_stat=own.get("time_stat", "median"))
     except UsageError as exc:
         return _fail(str(exc))
     for line in report:

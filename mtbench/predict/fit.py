@@ -47,11 +47,16 @@ def measured_training_bytes(s: Dict[str, Any]) -> Optional[int]:
 
 def calibrate(folder: Path, target: Optional[str] = None, out: Optional[str] = None,
               summaries: Optional[List[Dict[str, Any]]] = None,
-              overrides: Tuple[str, ...] = (), predictor: Any = None) -> Tuple[Calibration, Path, List[str]]:
+              overrides: Tuple[str, ...] = (), predictor: Any = None,
+              time_stat: str = "median") -> Tuple[Calibration, Path, List[str]]:
     """Fit and store the calibration of the sweep in `folder` (or of the given summaries).
 
     Each job is traced as `model=<its model> batch=<its batch>` plus `overrides` (the config overrides the
-    sweep ran with, other than model and batch). A given `predictor` (its traces cached) is used as is."""
+    sweep ran with, other than model and batch). A given `predictor` (its traces cached) is used as is.
+    `time_stat` is the step-time statistic fitted: "median" (the summary's headline) or "min" (the fastest
+    measured step: less of what other processes on a shared machine add)."""
+    if time_stat not in ("median", "min"):
+        raise UsageError(f"time_stat={time_stat!r} is not known; allowed: median, min")
     from mtbench.predict.predictor import Predictor
 
     runs = summaries if summaries is not None else read_summaries(folder)
@@ -79,7 +84,7 @@ def calibrate(folder: Path, target: Optional[str] = None, out: Optional[str] = N
             continue
         x.append(calibration.time_features(p.flops, p.bytes_moved, p.ops, t.peak_fp32_flops if scaled else None,
                                            t.dram_bandwidth_bytes_per_s if scaled else None))
-        y.append(float(s["step_time_s"]["median"]))
+        y.append(float(s["step_time_s"][time_stat]))
         measured = measured_training_bytes(s)
         if measured is not None:
             residuals.append(measured - p.tensors_bytes)
@@ -95,7 +100,7 @@ def calibrate(folder: Path, target: Optional[str] = None, out: Optional[str] = N
         device_name=", ".join(sorted(names)), source=str(folder), runs=len(used),
         created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         time_coef=None if coef is None else [float(c) for c in coef], time_scaled=scaled,
-        time_fit_mape_pct=fit_mape, runs_used=used,
+        time_fit_mape_pct=fit_mape, runs_used=used, time_stat=time_stat,
     )
     if residuals:
         cal.runtime_bytes = int(np.median(residuals))
