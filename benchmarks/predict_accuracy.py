@@ -158,8 +158,10 @@ def main() -> None:
     print(f"\nmemory (test half, {len(mem_err)} runs): median |error| {statistics.median(mem_err):.1f} % (goal <= 5), "
           f"worst {max(mem_err):.1f} % (goal <= 10); tensors alone: median {statistics.median(tensor_err):.1f} %, "
           f"worst {max(tensor_err):.1f} %")
-    print(f"runtime memory fitted on the other half: {cal.runtime_bytes / 2**20:.1f} MiB "
-          f"(residuals {cal.runtime_spread_bytes[0] / 2**20:.1f} to {cal.runtime_spread_bytes[1] / 2**20:.1f} MiB)")
+    print(f"runtime memory fitted on the other half: {cal.runtime_bytes / 2**20:.1f} MiB + "
+          f"{cal.runtime_per_op_bytes / 1024:.1f} KiB per op + {cal.runtime_per_transient_byte:.3f} per transient "
+          f"tensor byte (measured less tensors: {cal.runtime_spread_bytes[0] / 2**20:.1f} to "
+          f"{cal.runtime_spread_bytes[1] / 2**20:.1f} MiB)")
     print(f"time (test half): MAPE {mape_pct(time_pred, time_meas):.1f} % (goal <= 15); the measured steps of one "
           f"job spread (max - min) / median {statistics.median(spread):.0f} % (median over jobs): this machine's noise")
     with tempfile.TemporaryDirectory() as tmp:  # the same, fitted to and compared with each job's fastest step
@@ -169,6 +171,11 @@ def main() -> None:
         pred_min = [predictor.predict(s["model"], int(s["batch_size"])).step_time_s for s in test_half]
     print(f"time with time_stat=min (fit and compare the fastest step of each job): MAPE "
           f"{mape_pct(pred_min, time_min):.1f} %")
+    steady = [i for i, s in enumerate(test_half) if s["step_time_s"]["max"] <= 1.2 * s["step_time_s"]["min"]]
+    if steady:
+        print(f"time on the {len(steady)} test jobs whose measured steps agree within 20 % (a quiet machine): "
+              f"MAPE {mape_pct([time_pred[i] for i in steady], [time_meas[i] for i in steady]):.1f} % (median fit), "
+              f"{mape_pct([pred_min[i] for i in steady], [time_min[i] for i in steady]):.1f} % (min fit)")
 
     if not args.no_speed:
         out = subprocess.run([sys.executable, "-c", SPEED_CHILD], capture_output=True, text=True, cwd=REPO,

@@ -148,7 +148,7 @@ class Predictor:
             reserved: Optional[int] = peaks.reserved_bytes
         else:
             tensors, parts, reserved = trace.peak_tensor_bytes, dict(trace.breakdown_bytes), None
-        runtime, runtime_note = self._runtime()
+        runtime, runtime_note = self._runtime(trace.ops, parts)
         peak = (reserved if reserved is not None else tensors) + runtime
         budget = self.target.memory_budget_bytes
         step_s, roofline_s, time_note = self._time(trace)
@@ -163,10 +163,14 @@ class Predictor:
             trace_s=trace.trace_s,
         )
 
-    def _runtime(self) -> Tuple[int, str]:
+    def _runtime(self, ops: int, parts: Dict[str, int]) -> Tuple[int, str]:
+        from mtbench.predict.fit import transient_bytes
+
         cal = self.calibration
         if cal is not None and cal.runtime_bytes is not None:
-            return cal.runtime_bytes, f"{cal.runtime_note}; {cal.describe()}"
+            runtime = (cal.runtime_bytes + cal.runtime_per_op_bytes * ops
+                       + cal.runtime_per_transient_byte * transient_bytes(parts))
+            return int(runtime), f"{cal.runtime_note}; {cal.describe()}"
         return DEFAULT_RUNTIME_BYTES[self.device], DEFAULT_RUNTIME_NOTE[self.device]
 
     def _time(self, trace: StepTrace) -> Tuple[Optional[float], Optional[float], str]:
