@@ -139,7 +139,7 @@ def print_table(rows: list, predictor) -> None:
         table.add_column(col, justify="left" if col == "model" else "right")
     for r in rows:
         if r.error:
-            table.add_row(r.model, str(r.batch_size), f"[red]{r.error[:70]}[/red]", *[""] * 12)
+            table.add_row(r.model, str(r.batch_size), "[red]failed[/red]", *[""] * 12)
             continue
         b = r.breakdown_bytes
         table.add_row(
@@ -150,6 +150,9 @@ def print_table(rows: list, predictor) -> None:
             "" if r.fits is None else ("yes" if r.fits else "[red]no[/red]"),
             "" if r.max_batch is None else str(r.max_batch))
     console.print(table)
+    for r in rows:
+        if r.error:
+            console.print(f"[red]{r.model} batch {r.batch_size}[/red]: {r.error}", markup=True, highlight=False)
     ok = [r for r in rows if not r.error]
     if ok:
         r = ok[0]
