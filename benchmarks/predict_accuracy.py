@@ -91,7 +91,7 @@ def all_models() -> None:
     from mtbench.predict.predictor import Predictor
 
     for target in ("none", "tx2"):
-        predictor = Predictor(target_name=target, device="cpu")
+        predictor = Predictor(target_name=target, device="cpu" if target == "none" else "cuda")
         for model in group_options("model"):
             try:
                 p = predictor.predict(model, 8)
