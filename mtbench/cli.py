@@ -172,7 +172,7 @@ def print_help(args: List[str]) -> None:
 
 def main(argv: Optional[List[str]] = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
-    if ("--help" in args or "-h" in args) and not (args and args[0] in ("models", "report")):
+    if ("--help" in args or "-h" in args) and not (args and args[0] in ("models", "report", "maxbatch", "predict", "calibrate")):
         try:
             check_overrides([a for a in args if a not in ("--help", "-h")])
             print_help(args)
@@ -188,6 +188,14 @@ def main(argv: Optional[List[str]] = None) -> None:
         except UsageError as exc:
             _fail(str(exc))
         return
+    if args and args[0] == "maxbatch":
+        from mtbench.memory.maxbatch import main as maxbatch_main
+
+        sys.exit(maxbatch_main(args[1:]))
+    if args and args[0] in ("predict", "calibrate"):
+        from mtbench.predict.cli import main_calibrate, main_predict
+
+        sys.exit((main_predict if args[0] == "predict" else main_calibrate)(args[1:]))
     if args and args[0] == "report":
         from mtbench.report import main as report_main
 
