@@ -48,7 +48,7 @@ if [ "$stage" != install ]; then
     "$venv/bin/python" -c 'import sys, torch, torchvision; print("compat.sh: Python", sys.version.split()[0], "torch", torch.__version__, "torchvision", torchvision.__version__)'
     start=$(date +%s)
     status=0
-    "$venv/bin/python" -m pytest -q -rs "$@" || status=$?
+    "$venv/bin/python" -m pytest -rfEs "$@" || status=$?
     echo "compat.sh: tests took $(( $(date +%s) - start )) s (exit $status)"
     exit $status
 fi
