@@ -8,7 +8,7 @@
 #
 # Knobs (environment): COMPAT_PYTHON (a Python 3.8 interpreter; default: python3.8 on PATH, else pyenv's 3.8),
 # COMPAT_VENV (default build/compat-venv; build/ is git-ignored). The Linux torch 2.0.1 wheel pulls the
-# nvidia-* CUDA 11.7 libraries from PyPI: about 4.5 GB in the venv. The tests that need a newer torch
+# nvidia-* CUDA 11.7 libraries from PyPI: about 4.7 GB in the venv. The tests that need a newer torch
 # (the memory tracker, the predictor) skip there with the reason.
 set -euo pipefail
 cd "$(dirname "$0")/.."

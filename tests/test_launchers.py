@@ -5,6 +5,7 @@ Skipped where the extra is not installed: `pip install -e '.[slurm]'`, `pip inst
 """
 from __future__ import annotations
 
+import csv
 import importlib.util
 import json
 import os
@@ -58,6 +59,13 @@ def run_sweep(args, sweep_dir: Path, *extra: str):
                 os.environ[key] = value
 
 
+def step_window_s(job: Path):
+    """(first start, last end) of the job's steps, on CLOCK_MONOTONIC (one clock for every process)."""
+    with (job / "steps.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    return float(rows[0]["start_s"]), float(rows[-1]["end_s"])
+
+
 def assert_like_basic(sweep_dir: Path, basic_job: Path) -> None:
     jobs = jobs_of(sweep_dir)
     assert sorted(jobs) == [1, 2, 3, 4], sorted(sweep_dir.rglob("*"))
@@ -90,3 +98,6 @@ def test_ray_sweep_on_a_local_cluster_lands_on_the_board_resource(tmp_path, basi
                      "+hydra.launcher.ray.remote.resources={orin_nano:1}")
     assert proc.returncode == 0, proc.stderr
     assert_like_basic(tmp_path, basic_job)
+    # one unit of `orin_nano` on the node: the jobs ran one after another, though 2 CPUs would allow two
+    windows = sorted(step_window_s(job) for job in jobs_of(tmp_path).values())
+    assert all(end <= next_start for (_, end), (next_start, _) in zip(windows, windows[1:])), windows
