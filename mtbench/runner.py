@@ -102,6 +102,7 @@ class Job:
         self.budget: Dict[str, Any] = {"budget_bytes": self.target.memory_budget_bytes, "budget_enforced_by": None}
         self.runtime_bytes: Optional[int] = None  # resident memory before the model was built (CPU)
         self.breakdown: Optional[Dict[str, Any]] = None
+        self.extra: Optional[Dict[str, Any]] = None  # the workload's extra_metrics over the measured steps
         self.breakdown_reason: Optional[str] = "the job ended before its measured steps"
 
     def open_sampler(self) -> None:
@@ -161,6 +162,8 @@ class Job:
             for i in range(first, first + spec.steps):
                 self.durations.append(self._timed_step(i, warmup=False))
         self.mem = peak.read()
+        # the workload's own figures over the measured steps, taken before the untimed step below adds one more
+        self.extra = self.workload.extra_metrics(len(self.durations))
         # where the peak went: one more step under torch's MemTracker, after the measured steps and their peak
         self.breakdown, self.breakdown_reason = breakdown_bytes(self.workload, self.device)
         self.failure = budget.budget_failure(self.target, self.mem, self.budget["budget_enforced_by"],
@@ -219,7 +222,9 @@ class Job:
             "env": env.describe(self.device, root=str(self.cfg.sampler.get("sysfs_root", "/"))),
             "config": OmegaConf.to_container(self.cfg, resolve=True),
         }
-        if self.workload is not None:
+        if self.extra is not None:
+            summary.update(self.extra)
+        elif self.workload is not None:  # the job ended before its breakdown step: its steps are the last ones
             summary.update(self.workload.extra_metrics(len(self.durations)))
         return summary
 
