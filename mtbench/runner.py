@@ -27,11 +27,13 @@ from mtbench.config import JobSpec, instantiate, positive_float
 from mtbench.data import DataSource
 from mtbench.errors import UsageError
 from mtbench.sampling import Sampler, SensorUnavailable, open_sensors, windows
+from mtbench.sampling.process import ProcessSampler, SamplerError, from_names
 from mtbench.workload import SetupContext, Workload
 
 log = logging.getLogger("mtbench")
 
 MAX_PREPARED_BATCHES = 8  # distinct input batches made before timing; steps cycle through them
+SAMPLER_MODES = ("process", "thread")  # sampler.mode: where the sampling loop runs (see conf/sampler/_base.yaml)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -84,8 +86,12 @@ class Job:
         self.workload: Optional[Workload] = None
         self.data_label = "unknown"
         self.parameters: Optional[int] = None
-        self.sampler: Optional[Sampler] = None
+        self.sampler: Optional[Sampler | ProcessSampler] = None
+        self.sampler_mode = str(cfg.sampler.get("mode", "process"))
+        if self.sampler_mode not in SAMPLER_MODES:
+            raise UsageError(f"sampler.mode={self.sampler_mode!r} is not known; allowed: {', '.join(SAMPLER_MODES)}")
         self.sensor_status: List[dict] = []
+        self.no_samples_reason = "the job ended before sampling"
         self.last_summary: Dict[str, Any] = {}
         self.profile = cfg.get("profile", False)
         if not isinstance(self.profile, bool):
@@ -97,12 +103,20 @@ class Job:
         self.reference: List[float] = []  # unprofiled step times, for the profiler's overhead
 
     def open_sampler(self) -> None:
+        """Open the sensors and the sampler; call it before the model is built (before any torch op): in
+        `process` mode this forks the sampling process, which is cheap only while the process is small."""
         options = OmegaConf.to_container(self.cfg.sampler.get("options", {}) or {}, resolve=True)
+        names = list(self.cfg.sampler.sensors)
         try:
-            sensors, self.sensor_status = open_sensors(list(self.cfg.sampler.sensors), options)
+            if self.sampler_mode == "process":
+                # a process of its own: no lock of this one (the GIL held through a long C call) can stall it
+                self.sampler = ProcessSampler(from_names(names, options), self.interval_ms)
+                self.sensor_status = self.sampler.sensor_status
+            else:
+                sensors, self.sensor_status = open_sensors(names, options)
+                self.sampler = Sampler(sensors, self.interval_ms)
         except SensorUnavailable as exc:
             raise UsageError(f"sampler: {exc}") from None
-        self.sampler = Sampler(sensors, self.interval_ms)
 
     def run(self) -> None:
         spec = self.spec
@@ -160,7 +174,7 @@ class Job:
         units = self.workload.units_per_sample() if self.workload is not None else {}
         throughput = spec.batch_size * len(self.durations) / total_time if total_time > 0 else None
         telemetry = windows.summarize(samples, self.sampler.marks, self.interval_ms) if samples is not None else {
-            "unavailable": {k: "the job ended before sampling" for k in ("cpu_util_pct", "gpu_util_pct", "power_w", "energy_j")}}
+            "unavailable": {k: self.no_samples_reason for k in ("cpu_util_pct", "gpu_util_pct", "power_w", "energy_j")}}
         summary: Dict[str, Any] = {
             "schema": results.SCHEMA,
             "model": spec.model,
@@ -308,7 +322,13 @@ def _sigint_deferred():
 def _stop_sampler(job: Job):
     if job.sampler is None:
         return None
-    samples = job.sampler.stop()
+    try:
+        samples = job.sampler.stop()
+    except SamplerError as exc:  # the sampling process died: the job's figures are lost, and that is its failure
+        if job.failure is None:
+            job.failure = {"kind": "error", "message": f"{type(exc).__name__}: {exc}"}
+        job.no_samples_reason = f"the sampler failed: {exc}"
+        return None
     for sensor in job.sampler.sensors:
         try:
             sensor.close()

@@ -1,0 +1,240 @@
+"""The sampler in a small process of its own, so that no lock of the training process (its GIL) can stall it.
+
+The sampling process is forked before the job builds its model (a fork then copies little, and the training
+process's later pages are never shared copy-on-write). It opens the sensors itself (jtop's client thread and
+NVML's handles belong to the process that opened them) and runs the existing `Sampler` loop there; at
+`stop()` it decodes the samples and hands them back in bulk through a pipe. Step marks stay in the training
+process: CLOCK_MONOTONIC is one clock for every process of the machine. The sampling process imports and runs
+no torch. A sampling process that dies or stops answering raises `SamplerError`, never a hang.
+"""
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import time
+from multiprocessing.connection import Connection, wait
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+from mtbench.sampling.sampler import Samples, Sampler, StepMark
+from mtbench.sampling.sensor import Sensor, SensorUnavailable
+
+# (sensors, one status entry per sensor tried): what `open_sensors` returns; called in the sampling process
+Opener = Callable[[], Tuple[Sequence[Sensor], List[dict]]]
+
+READY_TIMEOUT_S = 60.0  # opening the sensors: jtop's first connection to its service can take seconds
+START_TIMEOUT_S = 10.0  # from "start" to the first sample taken
+STOP_TIMEOUT_S = 30.0  # from "stop" to the samples sent back: the loop's last read, closing the sensors...
+DECODE_S_PER_SAMPLE = 0.001  # ...plus decoding each sample (tens of microseconds; generous under load)
+PARENT_CHECK_S = 1.0  # how often an idle sampling process checks that the training process still lives
+
+
+class SamplerError(RuntimeError):
+    """The sampling process died or stopped answering; the message says which and when."""
+
+
+class ProcessSampler:
+    """Runs a `Sampler` over the sensors that `opener` opens, in a forked process; same surface as `Sampler`.
+
+    The process is forked and the sensors opened in the constructor (a sensor named explicitly that is not
+    available raises SensorUnavailable here, as `open_sensors` does); sampling runs between `start()` and
+    `stop()`. `sensors` is empty in this process: the sensors live, and are closed, in the sampling process.
+    """
+
+    def __init__(self, opener: Opener, interval_ms: float = 5.0) -> None:
+        if not interval_ms > 0:
+            raise ValueError(f"interval_ms={interval_ms!r}; allowed: a number > 0")
+        self.interval_ms = float(interval_ms)
+        self.sensors: List[Sensor] = []
+        self.sensor_status: List[dict] = []
+        self.marks: List[StepMark] = []
+        self.dropped = 0
+        self.cpu_time_s: Optional[float] = None  # the sampling process's own CPU time between start and stop
+        self._samples: Optional[Samples] = None
+        self._stats: Optional[dict] = None
+        self._error: Optional[SamplerError] = None
+        self._started_at: Optional[float] = None
+        context = multiprocessing.get_context("fork")
+        self._conn, child_conn = context.Pipe(duplex=True)
+        self._process = context.Process(target=_child_main, args=(child_conn, os.getpid(), opener, self.interval_ms),
+                                        name="mtbench-sampler", daemon=True)
+        self._process.start()
+        child_conn.close()  # only the child holds its end now: its death reads as EOF here
+        kind, payload = self._receive(READY_TIMEOUT_S, "while opening the sensors")
+        if kind == "unavailable":
+            self._finish()
+            raise SensorUnavailable(payload)
+        if kind != "ready":
+            self._fail(f"the sampling process could not open the sensors: {payload}")
+        self.sensor_status = payload
+
+    @property
+    def pid(self) -> int:
+        return self._process.pid
+
+    def start(self) -> "ProcessSampler":
+        """Begin sampling; returns once the first sample has been taken."""
+        self._send("start", "when asked to start")
+        kind, payload = self._receive(START_TIMEOUT_S, "while starting")
+        if kind != "started":
+            self._fail(f"the sampling process did not start: {payload}")
+        self._started_at = time.monotonic()
+        return self
+
+    def stop(self) -> Samples:
+        """End sampling and return every sample, decoded; SamplerError if the sampling process is gone."""
+        if self._samples is not None:
+            return self._samples
+        if self._error is not None:
+            raise self._error
+        self._send("stop", "when asked to stop")
+        expected = (time.monotonic() - self._started_at) * 1000.0 / self.interval_ms if self._started_at else 0.0
+        kind, payload = self._receive(STOP_TIMEOUT_S + DECODE_S_PER_SAMPLE * expected, "while stopping")
+        if kind != "samples":
+            self._fail(f"the sampling process failed while stopping: {payload}")
+        self._samples, self._stats = payload
+        self.dropped = self._stats["dropped"]
+        self.cpu_time_s = self._stats["cpu_time_s"]
+        self._finish()
+        return self._samples
+
+    def __enter__(self) -> "ProcessSampler":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        if exc[0] is None:
+            self.stop()
+        else:
+            self._finish()
+
+    def mark_step(self, index: int, start_s: float, end_s: float, warmup: bool = False) -> None:
+        # a sampling process that died mid-run ends the job at this step rather than at its end (waitpid: ~µs)
+        if self._samples is None and not self._process.is_alive():
+            self._fail("the sampling process died while the job ran")
+        self.marks.append(StepMark(index, start_s, end_s, warmup))
+
+    def stats(self) -> dict:
+        """As `Sampler.stats()`, the CPU time being the whole sampling process's; before the samples came back
+        (the sampling process died) the counts are unknown, with the reason in `error`."""
+        if self._stats is not None:
+            return dict(self._stats, mode="process")
+        return {"interval_ms": self.interval_ms, "achieved_interval_ms": {"median": None, "p99": None},
+                "samples": 0, "dropped": None, "cpu_time_s": None, "cpu_pct_of_one_core": None, "mode": "process",
+                "error": str(self._error) if self._error else "the sampler was not stopped"}
+
+    def close(self) -> None:
+        """End the sampling process without its samples (stop() is the way to get them)."""
+        self._finish()
+
+    # -- the training process's side of the pipe
+
+    def _send(self, command: str, when: str) -> None:
+        if self._error is not None:
+            raise self._error
+        try:
+            self._conn.send(command)
+        except (OSError, EOFError):
+            self._fail(f"the sampling process is gone {when}")
+
+    def _receive(self, timeout_s: float, when: str) -> Tuple[str, Any]:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if self._conn.poll(0):
+                try:
+                    return self._conn.recv()
+                except (OSError, EOFError):  # it died, perhaps halfway through sending
+                    self._fail(f"the sampling process died {when}")
+            if not self._process.is_alive():
+                self._fail(f"the sampling process died {when}")
+            left = deadline - time.monotonic()
+            if left <= 0:
+                self._fail(f"the sampling process did not answer within {timeout_s:.0f} s {when}")
+            wait([self._conn, self._process.sentinel], left)
+
+    def _fail(self, message: str) -> None:
+        code = self._process.exitcode
+        if code is not None and code < 0:
+            message += f" (killed by signal {-code}, {_signal_name(-code)})"
+        elif code is not None:
+            message += f" (exit code {code})"
+        self._error = SamplerError(message)
+        self._finish()
+        raise self._error
+
+    def _finish(self) -> None:
+        try:
+            self._conn.close()
+        except OSError:
+            pass
+        self._process.join(timeout=2.0)
+        if self._process.is_alive():
+            self._process.kill()
+            self._process.join(timeout=2.0)
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+# -- the sampling process's side
+
+def _child_main(conn: Connection, parent_pid: int, opener: Opener, interval_ms: float) -> None:
+    # Ctrl-C reaches the whole process group: the training process handles it and then stops this one
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        sensors, status = opener()
+    except SensorUnavailable as exc:
+        conn.send(("unavailable", str(exc)))
+        return
+    except Exception as exc:  # noqa: BLE001 - told to the training process, which raises it
+        conn.send(("error", f"{type(exc).__name__}: {exc}"))
+        return
+    sampler = Sampler(sensors, interval_ms)
+    try:
+        conn.send(("ready", status))
+        command = _next_command(conn, parent_pid)
+        cpu0 = time.process_time()
+        if command == "start":
+            sampler.start()
+            while sampler.stats()["samples"] == 0:  # the first step begins after the first sample
+                time.sleep(0.0002)
+            conn.send(("started", None))
+            command = _next_command(conn, parent_pid)
+        samples = sampler.stop()
+        cpu_s = time.process_time() - cpu0  # this whole process's CPU: the loop, its wake-ups, its decoding
+        if command == "stop":
+            stats = sampler.stats()
+            span = (samples.time_s[-1] - samples.time_s[0]) if len(samples) > 1 else None
+            stats.update(cpu_time_s=cpu_s, cpu_pct_of_one_core=float(100.0 * cpu_s / span) if span else None)
+            conn.send(("samples", (samples, stats)))
+    finally:
+        for sensor in sensors:
+            try:
+                sensor.close()
+            except Exception:  # noqa: BLE001 - a sensor that cannot close changes none of the figures
+                pass
+
+
+def _next_command(conn: Connection, parent_pid: int) -> Optional[str]:
+    """The next command from the training process; None once it is gone (its end closed, or it died)."""
+    while True:
+        try:
+            if conn.poll(PARENT_CHECK_S):
+                return conn.recv()
+        except (OSError, EOFError):
+            return None
+        if os.getppid() != parent_pid:  # orphaned (a process forked from the training one may hold its end)
+            return None
+
+
+def from_names(names: Sequence[str], options: Dict[str, Dict[str, Any]], pid: Optional[int] = None) -> Opener:
+    """An opener for `open_sensors(names, options)` in the sampling process, with procfs watching `pid`
+    (default: the calling process, i.e. the training process, not the sampling one)."""
+    from mtbench.sampling import open_sensors
+
+    options = {k: dict(v) for k, v in options.items()}
+    options.setdefault("procfs", {}).setdefault("pid", os.getpid() if pid is None else pid)
+    return lambda: open_sensors(names, options)
