@@ -24,13 +24,13 @@ from tests.fake_sysfs import make_tx2
 from tests.fake_workloads import BusyLoop
 from tests.test_isolation import FAKE, isolated
 
-# A child that reports "go", spins for `duty` of every 10 ms slice for `seconds`, then prints the monotonic start
-# and end of its loop and the CPU time it got in between: the truth, from its own clock (on a loaded machine a
-# spinning process is not on a core all the time it spins)
+# A child that waits for a line on stdin, spins for `duty` of every 10 ms slice for `seconds`, then prints the
+# monotonic start and end of its loop and the CPU time it got in between: the truth, from its own clock (on a
+# loaded machine a spinning process is not on a core all the time it spins); it exits on a second line
 CHILD = """
 import sys, time
 duty, seconds = float(sys.argv[1]), float(sys.argv[2])
-print("go", flush=True)
+sys.stdin.readline()
 start = time.monotonic(); cpu0 = time.process_time()
 while time.monotonic() - start < seconds:
     t = time.monotonic()
@@ -39,7 +39,9 @@ while time.monotonic() - start < seconds:
     if duty < 1:
         time.sleep(0.010 * (1 - duty))
 print(start, time.monotonic(), time.process_time() - cpu0, flush=True)
+sys.stdin.readline()
 """
+
 TX2_POWER = {"VDD_IN": 9000, "VDD_SYS_GPU": 3500, "VDD_SYS_CPU": 1500, "VDD_SYS_SOC": 900, "VDD_SYS_DDR": 700,
              "VDD_4V0_WIFI": 100}
 
@@ -92,16 +94,19 @@ def test_samples_come_back_complete_and_in_order():
 
 @pytest.mark.parametrize("duty", [1.0, 0.5])
 def test_known_load_reads_the_same_in_process_and_thread(duty):
-    child = subprocess.Popen([sys.executable, "-c", CHILD, str(duty), "1.0"], stdout=subprocess.PIPE, text=True)
+    child = subprocess.Popen([sys.executable, "-c", CHILD, str(duty), "1.0"], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
     in_process = ProcessSampler(lambda: ([ProcfsSensor(pid=child.pid)], []), interval_ms=5).start()
     sensor = ProcfsSensor(pid=child.pid)
     in_thread = Sampler([sensor], interval_ms=5).start()
-    assert child.stdout.readline().strip() == "go"
+    time.sleep(0.05)  # the thread's first sample too (the process sampler's start() waits for its own)
+    child.stdin.write("go\n")
+    child.stdin.flush()
     start, end, cpu_s = map(float, child.stdout.readline().split())  # one step: the child's loop
-    time.sleep(0.05)
-    child.wait()
+    # both take a last sample at stop, while the child still lives: the window is closed on both sides
     by_process, by_thread = in_process.stop(), in_thread.stop()
     sensor.close()
+    child.communicate("\n")
     truth = 100 * cpu_s / (end - start)
     span = [(start, end)]
     assert process_cpu_pct(by_process, span) == pytest.approx(truth, abs=5)
