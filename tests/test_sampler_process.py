@@ -84,6 +84,8 @@ def test_samples_come_back_complete_and_in_order():
     assert stats["samples"] == len(samples) >= 0.9 * asked
     assert stats["samples"] + stats["dropped"] == pytest.approx(asked, abs=2)  # each period taken or counted
     assert stats["mode"] == "process" and stats["cpu_time_s"] > 0
+    # real-time priority where the privilege allows, else the reason it was refused
+    assert stats["priority"].startswith(("SCHED_FIFO 1", "nice -10 (SCHED_FIFO refused", "normal (SCHED_FIFO refused"))
     # procfs watches the training process (this one), not the sampling process
     assert not np.isnan(samples.columns["proc_rss_bytes"]).any()
     assert samples.columns["proc_rss_bytes"][-1] > 50e6  # this pytest process, with torch imported
