@@ -5,7 +5,7 @@
 1. Idle fidelity and cost, for procfs alone and procfs + a fake Jetson TX2 tree (6 rails + GPU load): share
    of the requested samples taken (goal >= 99 %), p99 interval (goal <= 6 ms), the sampler's own CPU
    time as % of one core (goal <= 3 %); each for the sampler in a thread of this process (`thread`) and in a
-   process of its own (`process`, forked before the model is built, as the runner does).
+   process of its own (`process`, started before the model is built, as the runner does).
 2. The same while a model trains on every core (the case that matters; the issue's: model=vgg19 batch=16).
 3. Training step time with the sampler on vs off, interleaved rounds (goal ratio <= 1.01).
 """
@@ -26,7 +26,7 @@ from mtbench.runner import resolve_device
 from mtbench.sampling import Sampler
 from mtbench.sampling.jetson import JetsonSensor
 from mtbench.sampling.procfs import ProcfsSensor
-from mtbench.sampling.process import ProcessSampler, from_names
+from mtbench.sampling.process import ProcessSampler
 from mtbench.workload import SetupContext
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -77,8 +77,8 @@ def main() -> None:
                     "VDD_SYS_DDR": 700, "VDD_4V0_WIFI": 100})
     both = lambda: [ProcfsSensor(), JetsonSensor(str(tree))]  # noqa: E731
     jetson = {"jetson": {"sysfs_root": str(tree)}}
-    # process samplers: forked now, before the model is built (procfs watches this process, not theirs)
-    forked = {(load, names): ProcessSampler(from_names(names, jetson), interval)
+    # process samplers: started now, before the model is built (procfs watches this process, not theirs)
+    forked = {(load, names): ProcessSampler(names, jetson, interval)
               for load in ("idle", "load") for names in (("procfs",), ("procfs", "jetson"))}
 
     print(f"== idle, {seconds:.0f} s at {interval} ms")

@@ -27,7 +27,7 @@ from mtbench.config import JobSpec, instantiate, positive_float
 from mtbench.data import DataSource
 from mtbench.errors import UsageError
 from mtbench.sampling import Sampler, SensorUnavailable, open_sensors, windows
-from mtbench.sampling.process import ProcessSampler, SamplerError, from_names
+from mtbench.sampling.process import ProcessSampler, SamplerError
 from mtbench.workload import SetupContext, Workload
 
 log = logging.getLogger("mtbench")
@@ -103,14 +103,14 @@ class Job:
         self.reference: List[float] = []  # unprofiled step times, for the profiler's overhead
 
     def open_sampler(self) -> None:
-        """Open the sensors and the sampler; call it before the model is built (before any torch op): in
-        `process` mode this forks the sampling process, which is cheap only while the process is small."""
+        """Open the sensors and the sampler, before the model is built (in `process` mode this starts the
+        sampling process: a fresh interpreter, ~0.2 s, that opens the sensors itself)."""
         options = OmegaConf.to_container(self.cfg.sampler.get("options", {}) or {}, resolve=True)
         names = list(self.cfg.sampler.sensors)
         try:
             if self.sampler_mode == "process":
                 # a process of its own: no lock of this one (the GIL held through a long C call) can stall it
-                self.sampler = ProcessSampler(from_names(names, options), self.interval_ms)
+                self.sampler = ProcessSampler(names, options, self.interval_ms)
                 self.sensor_status = self.sampler.sensor_status
             else:
                 sensors, self.sensor_status = open_sensors(names, options)

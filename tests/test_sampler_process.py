@@ -3,20 +3,22 @@ recorded failure of the job, never a hang."""
 from __future__ import annotations
 
 import json
-import multiprocessing
 import os
 import signal
 import subprocess
 import sys
 import time
+from typing import List
+
 import numpy as np
+import psutil
 import pytest
 
 from mtbench.errors import UsageError
 from mtbench.sampling import Sampler, SensorUnavailable
 from mtbench.sampling import process as process_sampler
 from mtbench.sampling.procfs import ProcfsSensor
-from mtbench.sampling.process import ProcessSampler, SamplerError, from_names
+from mtbench.sampling.process import PROCESS_TITLE, ProcessSampler, SamplerError
 from mtbench.sampling.windows import cpu_utilization, process_cpu_pct
 from mtbench.workload import SetupContext
 from tests.conftest import compose_cfg
@@ -56,19 +58,25 @@ class KillsTheSampler(BusyLoop):
 
     def setup(self, ctx: SetupContext) -> None:
         super().setup(ctx)
-        self.samplers = [p for p in multiprocessing.active_children() if p.name == "mtbench-sampler"]
-        assert len(self.samplers) == 1, self.samplers  # forked before the model was built, still there
+        self.samplers = _sampling_processes()
+        assert len(self.samplers) == 1, self.samplers  # started before the model was built, still there
 
     def step(self) -> None:
         super().step()
         self.steps += 1
         if self.steps == self.at_step:
-            os.kill(self.samplers[0].pid, signal.SIGKILL)
-            self.samplers[0].join(5)
+            self.samplers[0].kill()
+            deadline = time.monotonic() + 5  # dead before the step ends, left for the runner to reap
+            while self.samplers[0].status() != psutil.STATUS_ZOMBIE and time.monotonic() < deadline:
+                time.sleep(0.01)
+
+
+def _sampling_processes() -> List[psutil.Process]:
+    return [p for p in psutil.Process().children() if PROCESS_TITLE in " ".join(p.cmdline())]
 
 
 def test_samples_come_back_complete_and_in_order():
-    sampler = ProcessSampler(from_names(["procfs"], {}), interval_ms=5)
+    sampler = ProcessSampler(["procfs"], interval_ms=5)
     assert sampler.pid != os.getpid() and sampler.sensors == []
     assert [s["name"] for s in sampler.sensor_status] == ["procfs"]
     sampler.start()
@@ -90,15 +98,14 @@ def test_samples_come_back_complete_and_in_order():
     assert not np.isnan(samples.columns["proc_rss_bytes"]).any()
     assert samples.columns["proc_rss_bytes"][-1] > 50e6  # this pytest process, with torch imported
     assert sampler.stop() is samples  # a second stop changes nothing
-    assert not multiprocessing.active_children() or all(p.name != "mtbench-sampler"
-                                                        for p in multiprocessing.active_children())
+    assert _sampling_processes() == []  # it has exited and been reaped
 
 
 @pytest.mark.parametrize("duty", [1.0, 0.5])
 def test_known_load_reads_the_same_in_process_and_thread(duty):
     child = subprocess.Popen([sys.executable, "-c", CHILD, str(duty), "1.0"], stdin=subprocess.PIPE,
                              stdout=subprocess.PIPE, text=True)
-    in_process = ProcessSampler(lambda: ([ProcfsSensor(pid=child.pid)], []), interval_ms=5).start()
+    in_process = ProcessSampler(["procfs"], {"procfs": {"pid": child.pid}}, interval_ms=5).start()
     sensor = ProcfsSensor(pid=child.pid)
     in_thread = Sampler([sensor], interval_ms=5).start()
     time.sleep(0.05)  # the thread's first sample too (the process sampler's start() waits for its own)
@@ -148,7 +155,7 @@ def test_a_sampler_killed_mid_run_is_the_jobs_failure(tmp_path):
 
 def test_a_sampler_that_stops_answering_is_an_error_not_a_hang(monkeypatch):
     monkeypatch.setattr(process_sampler, "STOP_TIMEOUT_S", 1.0)
-    sampler = ProcessSampler(from_names(["procfs"], {}), interval_ms=5).start()
+    sampler = ProcessSampler(["procfs"], interval_ms=5).start()
     os.kill(sampler.pid, signal.SIGSTOP)  # alive but frozen: a read stuck in a driver looks like this
     t = time.monotonic()
     with pytest.raises(SamplerError, match="did not answer within 1 s while stopping"):
@@ -161,7 +168,7 @@ def test_a_sampler_that_stops_answering_is_an_error_not_a_hang(monkeypatch):
 
 def test_unavailable_sensor_and_bad_mode_are_refused(tmp_path):
     with pytest.raises(SensorUnavailable, match="no INA3221 rails"):
-        ProcessSampler(from_names(["jetson"], {"jetson": {"sysfs_root": str(tmp_path)}}))
+        ProcessSampler(["jetson"], {"jetson": {"sysfs_root": str(tmp_path)}})
     from mtbench.runner import Job
 
     with pytest.raises(UsageError, match="sampler.mode='fast' is not known; allowed: process, thread"):
@@ -170,8 +177,20 @@ def test_unavailable_sensor_and_bad_mode_are_refused(tmp_path):
 
 def test_sampling_process_imports_no_torch():
     code = ("import sys\n"
-            "from mtbench.sampling.process import ProcessSampler, from_names\n"
-            "s = ProcessSampler(lambda: ([], [{'torch': 'torch' in sys.modules}]))\n"
-            "print(s.sensor_status[0]['torch'], 'torch' in sys.modules); s.start(); s.stop()\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.split() == ["False", "False"]
+            "import mtbench.sampling.process as p\n"
+            "p.serve(int(sys.argv[1]), int(sys.argv[2]))\n"
+            "print('torch' in sys.modules)\n")
+    import multiprocessing
+
+    here, there = multiprocessing.Pipe()
+    child = subprocess.Popen([sys.executable, "-c", code, str(there.fileno()), str(os.getpid())],
+                             pass_fds=[there.fileno()], stdout=subprocess.PIPE, text=True)
+    there.close()
+    here.send(("open", ["procfs"], {}, 5.0))
+    assert here.recv()[0] == "ready"
+    here.send(("start",))
+    assert here.recv()[0] == "started"
+    here.send(("stop",))
+    kind, (samples, stats) = here.recv()
+    assert kind == "samples" and len(samples) >= 1
+    assert child.communicate(timeout=30)[0].split() == ["False"]  # the sampling process never imported torch

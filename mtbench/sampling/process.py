@@ -1,40 +1,45 @@
 """The sampler in a small process of its own, so that no lock of the training process (its GIL) can stall it.
 
-The sampling process is forked before the job builds its model (a fork then copies little, and the training
-process's later pages are never shared copy-on-write). It opens the sensors itself (jtop's client thread and
-NVML's handles belong to the process that opened them) and runs the existing `Sampler` loop there; at
-`stop()` it decodes the samples and hands them back in bulk through a pipe. Step marks stay in the training
-process: CLOCK_MONOTONIC is one clock for every process of the machine. The sampling process imports and runs
-no torch. A sampling process that dies or stops answering raises `SamplerError`, never a hang.
+The sampling process is a fresh Python interpreter (started before the job builds its model) that imports
+mtbench.sampling and numpy only: no torch, and none of the training process's memory. A fork would have been
+quicker to start (~0.2 s less) but keeps the training process's pages copy-on-write: every page the training
+then writes is copied for it (90 MB after five steps of a small model, up to the ~370 MB that importing torch
+makes), memory that a Jetson, whose GPU shares the DRAM, would lack. It opens the sensors itself (jtop's client
+thread and NVML's handles belong to the process that opened them) and runs the existing `Sampler` loop; at
+`stop()` it decodes the samples and hands them back in bulk through a socket pair. Step marks stay in the
+training process: CLOCK_MONOTONIC is one clock for every process of the machine.
 
 A process of its own is not enough on a busy CPU: with both cores training, the scheduler let it wake 5-15 ms
 late (89 % of the asked samples, p99 13 ms on a 2-core machine). So its sampling thread asks for the lowest
 real-time priority (SCHED_FIFO 1: it preempts the training's threads the moment its period comes, then sleeps
 again after ~0.1 ms), else for nice -10; without the privilege (CAP_SYS_NICE, root) it runs as it is. What it
 got is in `stats()["priority"]`. The decoding at `stop()` runs at normal priority again.
+
+A sampling process that dies or stops answering raises `SamplerError`, never a hang and never an empty result.
 """
 from __future__ import annotations
 
 import multiprocessing
 import os
 import signal
+import subprocess
+import sys
 import time
-from multiprocessing.connection import Connection, wait
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from mtbench.sampling.sampler import Samples, Sampler, StepMark
-from mtbench.sampling.sensor import Sensor, SensorUnavailable
+from mtbench.sampling.sampler import Samples, StepMark
+from mtbench.sampling.sensor import SensorUnavailable
 
-# (sensors, one status entry per sensor tried): what `open_sensors` returns; called in the sampling process
-Opener = Callable[[], Tuple[Sequence[Sensor], List[dict]]]
-
-READY_TIMEOUT_S = 60.0  # opening the sensors: jtop's first connection to its service can take seconds
+READY_TIMEOUT_S = 60.0  # the interpreter's start and the sensors' opening (jtop's first connection takes seconds)
 START_TIMEOUT_S = 10.0  # from "start" to the first sample taken
 STOP_TIMEOUT_S = 30.0  # from "stop" to the samples sent back: the loop's last read, closing the sensors...
 DECODE_S_PER_SAMPLE = 0.001  # ...plus decoding each sample (tens of microseconds; generous under load)
 PARENT_CHECK_S = 1.0  # how often an idle sampling process checks that the training process still lives
 REALTIME_PRIORITY = 1  # SCHED_FIFO's lowest: above every normal thread, below every real-time one
 NICE = -10  # the fallback where real-time is refused (a container's cgroup without real-time bandwidth)
+PROCESS_TITLE = "mtbench.sampling.process"  # in the sampling process's command line
 
 
 class SamplerError(RuntimeError):
@@ -42,18 +47,21 @@ class SamplerError(RuntimeError):
 
 
 class ProcessSampler:
-    """Runs a `Sampler` over the sensors that `opener` opens, in a forked process; same surface as `Sampler`.
+    """Runs a `Sampler` over the sensors `open_sensors(names, options)` opens, in a process of its own, with
+    the surface of `Sampler`; procfs watches `pid` (default: this process, the training one).
 
-    The process is forked and the sensors opened in the constructor (a sensor named explicitly that is not
-    available raises SensorUnavailable here, as `open_sensors` does); sampling runs between `start()` and
-    `stop()`. `sensors` is empty in this process: the sensors live, and are closed, in the sampling process.
+    The constructor starts the process and opens the sensors there (a sensor named explicitly that is not
+    available raises SensorUnavailable here, as `open_sensors` does; `sensor_status` lists each one tried);
+    sampling runs between `start()` and `stop()`. `sensors` is empty in this process: the sensors live, and
+    are closed, in the sampling process.
     """
 
-    def __init__(self, opener: Opener, interval_ms: float = 5.0) -> None:
+    def __init__(self, names: Sequence[str], options: Optional[Dict[str, Dict[str, Any]]] = None,
+                 interval_ms: float = 5.0, pid: Optional[int] = None) -> None:
         if not interval_ms > 0:
             raise ValueError(f"interval_ms={interval_ms!r}; allowed: a number > 0")
         self.interval_ms = float(interval_ms)
-        self.sensors: List[Sensor] = []
+        self.sensors: list = []
         self.sensor_status: List[dict] = []
         self.marks: List[StepMark] = []
         self.dropped = 0
@@ -62,12 +70,18 @@ class ProcessSampler:
         self._stats: Optional[dict] = None
         self._error: Optional[SamplerError] = None
         self._started_at: Optional[float] = None
-        context = multiprocessing.get_context("fork")
-        self._conn, child_conn = context.Pipe(duplex=True)
-        self._process = context.Process(target=_child_main, args=(child_conn, os.getpid(), opener, self.interval_ms),
-                                        name="mtbench-sampler", daemon=True)
-        self._process.start()
-        child_conn.close()  # only the child holds its end now: its death reads as EOF here
+        options = {k: dict(v or {}) for k, v in (options or {}).items()}
+        options.setdefault("procfs", {}).setdefault("pid", os.getpid() if pid is None else pid)
+        self._conn, child_conn = multiprocessing.Pipe(duplex=True)  # a socket pair
+        package_root = str(Path(__file__).resolve().parents[2])  # the mtbench this process runs, first
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")])))
+        code = f"from {PROCESS_TITLE} import serve; serve({child_conn.fileno()}, {os.getpid()})"
+        try:
+            self._process = subprocess.Popen([sys.executable, "-c", code], pass_fds=[child_conn.fileno()], env=env,
+                                             stdin=subprocess.DEVNULL)
+        finally:
+            child_conn.close()  # only the child holds its end now: its death reads as EOF here
+        self._send(("open", list(names), options, self.interval_ms), "when asked to open the sensors")
         kind, payload = self._receive(READY_TIMEOUT_S, "while opening the sensors")
         if kind == "unavailable":
             self._finish()
@@ -82,7 +96,7 @@ class ProcessSampler:
 
     def start(self) -> "ProcessSampler":
         """Begin sampling; returns once the first sample has been taken."""
-        self._send("start", "when asked to start")
+        self._send(("start",), "when asked to start")
         kind, payload = self._receive(START_TIMEOUT_S, "while starting")
         if kind != "started":
             self._fail(f"the sampling process did not start: {payload}")
@@ -93,9 +107,7 @@ class ProcessSampler:
         """End sampling and return every sample, decoded; SamplerError if the sampling process is gone."""
         if self._samples is not None:
             return self._samples
-        if self._error is not None:
-            raise self._error
-        self._send("stop", "when asked to stop")
+        self._send(("stop",), "when asked to stop")
         expected = (time.monotonic() - self._started_at) * 1000.0 / self.interval_ms if self._started_at else 0.0
         kind, payload = self._receive(STOP_TIMEOUT_S + DECODE_S_PER_SAMPLE * expected, "while stopping")
         if kind != "samples":
@@ -117,13 +129,13 @@ class ProcessSampler:
 
     def mark_step(self, index: int, start_s: float, end_s: float, warmup: bool = False) -> None:
         # a sampling process that died mid-run ends the job at this step rather than at its end (waitpid: ~µs)
-        if self._samples is None and not self._process.is_alive():
+        if self._samples is None and self._process.poll() is not None:
             self._fail("the sampling process died while the job ran")
         self.marks.append(StepMark(index, start_s, end_s, warmup))
 
     def stats(self) -> dict:
-        """As `Sampler.stats()`, the CPU time being the whole sampling process's; before the samples came back
-        (the sampling process died) the counts are unknown, with the reason in `error`."""
+        """As `Sampler.stats()`, the CPU time being the whole sampling process's, plus `mode` and `priority`;
+        before the samples came back (the sampling process died) the counts are unknown, the reason in `error`."""
         if self._stats is not None:
             return dict(self._stats, mode="process")
         return {"interval_ms": self.interval_ms, "achieved_interval_ms": {"median": None, "p99": None},
@@ -134,33 +146,32 @@ class ProcessSampler:
         """End the sampling process without its samples (stop() is the way to get them)."""
         self._finish()
 
-    # -- the training process's side of the pipe
+    # -- the training process's side of the socket
 
-    def _send(self, command: str, when: str) -> None:
+    def _send(self, message: tuple, when: str) -> None:
         if self._error is not None:
             raise self._error
         try:
-            self._conn.send(command)
+            self._conn.send(message)
         except (OSError, EOFError):
             self._fail(f"the sampling process is gone {when}")
 
     def _receive(self, timeout_s: float, when: str) -> Tuple[str, Any]:
         deadline = time.monotonic() + timeout_s
         while True:
-            if self._conn.poll(0):
-                try:
-                    return self._conn.recv()
-                except (OSError, EOFError):  # it died, perhaps halfway through sending
-                    self._fail(f"the sampling process died {when}")
-            if not self._process.is_alive():
-                self._fail(f"the sampling process died {when}")
             left = deadline - time.monotonic()
+            try:
+                if self._conn.poll(max(0.0, min(left, 0.2))):  # data, or EOF once the process is gone
+                    return self._conn.recv()
+            except (OSError, EOFError):  # it died, perhaps halfway through sending
+                self._fail(f"the sampling process died {when}")
+            if self._process.poll() is not None:
+                self._fail(f"the sampling process died {when}")
             if left <= 0:
                 self._fail(f"the sampling process did not answer within {timeout_s:.0f} s {when}")
-            wait([self._conn, self._process.sentinel], left)
 
     def _fail(self, message: str) -> None:
-        code = self._process.exitcode
+        code = self._process.poll()
         if code is not None and code < 0:
             message += f" (killed by signal {-code}, {_signal_name(-code)})"
         elif code is not None:
@@ -171,13 +182,14 @@ class ProcessSampler:
 
     def _finish(self) -> None:
         try:
-            self._conn.close()
+            self._conn.close()  # a sampling process still waiting reads EOF and ends
         except OSError:
             pass
-        self._process.join(timeout=2.0)
-        if self._process.is_alive():
+        try:
+            self._process.wait(timeout=2.0)
+        except subprocess.TimeoutExpired:
             self._process.kill()
-            self._process.join(timeout=2.0)
+            self._process.wait(timeout=2.0)
 
 
 def _signal_name(number: int) -> str:
@@ -189,11 +201,19 @@ def _signal_name(number: int) -> str:
 
 # -- the sampling process's side
 
-def _child_main(conn: Connection, parent_pid: int, opener: Opener, interval_ms: float) -> None:
+def serve(fd: int, parent_pid: int) -> None:
+    """The sampling process's main: open, start, stop as the training process asks through the socket `fd`."""
     # Ctrl-C reaches the whole process group: the training process handles it and then stops this one
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    from mtbench.sampling import Sampler, open_sensors
+
+    conn = Connection(fd)
+    command = _next_command(conn, parent_pid)
+    if command is None or command[0] != "open":
+        return
+    names, options, interval_ms = command[1:]
     try:
-        sensors, status = opener()
+        sensors, status = open_sensors(names, options)
     except SensorUnavailable as exc:
         conn.send(("unavailable", str(exc)))
         return
@@ -206,7 +226,7 @@ def _child_main(conn: Connection, parent_pid: int, opener: Opener, interval_ms: 
         command = _next_command(conn, parent_pid)
         waited_cpu_s = time.thread_time()  # this thread only waits while the loop thread samples
         priority = "normal"
-        if command == "start":
+        if command is not None and command[0] == "start":
             priority = _raise_priority()  # the loop thread, started next, inherits it
             sampler.start()
             while sampler.stats()["samples"] == 0:  # the first step begins after the first sample
@@ -216,7 +236,7 @@ def _child_main(conn: Connection, parent_pid: int, opener: Opener, interval_ms: 
         waited_cpu_s = time.thread_time() - waited_cpu_s
         _normal_priority()  # the decoding (in this thread) need not preempt anyone
         samples = sampler.stop()  # joins the loop, then decodes (after the run: not counted as its cost)
-        if command == "stop":
+        if command is not None and command[0] == "stop":
             stats = sampler.stats()
             # the process's cost while it sampled: the loop thread's CPU and this waiting thread's
             cpu_s = (sampler.cpu_time_s or 0.0) + waited_cpu_s
@@ -254,7 +274,7 @@ def _normal_priority() -> None:
         pass
 
 
-def _next_command(conn: Connection, parent_pid: int) -> Optional[str]:
+def _next_command(conn: Connection, parent_pid: int) -> Optional[tuple]:
     """The next command from the training process; None once it is gone (its end closed, or it died)."""
     while True:
         try:
@@ -262,15 +282,5 @@ def _next_command(conn: Connection, parent_pid: int) -> Optional[str]:
                 return conn.recv()
         except (OSError, EOFError):
             return None
-        if os.getppid() != parent_pid:  # orphaned (a process forked from the training one may hold its end)
+        if os.getppid() != parent_pid:  # orphaned (should another process hold the training process's end)
             return None
-
-
-def from_names(names: Sequence[str], options: Dict[str, Dict[str, Any]], pid: Optional[int] = None) -> Opener:
-    """An opener for `open_sensors(names, options)` in the sampling process, with procfs watching `pid`
-    (default: the calling process, i.e. the training process, not the sampling one)."""
-    from mtbench.sampling import open_sensors
-
-    options = {k: dict(v) for k, v in options.items()}
-    options.setdefault("procfs", {}).setdefault("pid", os.getpid() if pid is None else pid)
-    return lambda: open_sensors(names, options)
