@@ -194,3 +194,11 @@ def test_sampling_process_imports_no_torch():
     kind, (samples, stats) = here.recv()
     assert kind == "samples" and len(samples) >= 1
     assert child.communicate(timeout=30)[0].split() == ["False"]  # the sampling process never imported torch
+
+
+def test_a_sampler_killed_while_stopping_names_the_signal():
+    sampler = ProcessSampler(["procfs"], interval_ms=5).start()
+    os.kill(sampler.pid, signal.SIGKILL)
+    with pytest.raises(SamplerError, match=r"(died|is gone) .*\(killed by signal 9, SIGKILL\)"):
+        sampler.stop()
+    assert sampler.stats()["samples"] == 0 and "SIGKILL" in sampler.stats()["error"]

@@ -171,7 +171,10 @@ class ProcessSampler:
                 self._fail(f"the sampling process did not answer within {timeout_s:.0f} s {when}")
 
     def _fail(self, message: str) -> None:
-        code = self._process.poll()
+        try:  # a process that closed its socket by dying is a zombie a moment later: its exit code says how
+            code: Optional[int] = self._process.wait(timeout=0.5)
+        except subprocess.TimeoutExpired:
+            code = None
         if code is not None and code < 0:
             message += f" (killed by signal {-code}, {_signal_name(-code)})"
         elif code is not None:
