@@ -91,14 +91,14 @@ def main() -> None:
     both = lambda: [ProcfsSensor(), JetsonSensor(str(tree))]  # noqa: E731
     jetson = {"jetson": {"sysfs_root": str(tree)}}
     # process samplers: started now, before the model is built (procfs watches this process, not theirs)
-    forked = {(load, names): ProcessSampler(names, jetson, interval)
+    separate = {(load, names): ProcessSampler(names, jetson, interval)
               for load in ("idle", "load") for names in (("procfs",), ("procfs", "jetson"))}
 
     print(f"== idle, {seconds:.0f} s at {interval} ms")
     print(f"procfs          thread  : {fidelity(Sampler([ProcfsSensor()], interval), seconds, interval)}")
-    print(f"procfs          process : {fidelity(forked['idle', ('procfs',)], seconds, interval)}")
+    print(f"procfs          process : {fidelity(separate['idle', ('procfs',)], seconds, interval)}")
     print(f"procfs + jetson thread  : {fidelity(Sampler(both(), interval), seconds, interval)}")
-    print(f"procfs + jetson process : {fidelity(forked['idle', ('procfs', 'jetson')], seconds, interval)}")
+    print(f"procfs + jetson process : {fidelity(separate['idle', ('procfs', 'jetson')], seconds, interval)}")
 
     workload, device = build(model, batch)
     sync = synchronizer(device)
@@ -114,9 +114,9 @@ def main() -> None:
     trainer = threading.Thread(target=train, daemon=True)
     trainer.start()
     print(f"procfs          thread  : {fidelity(Sampler([ProcfsSensor()], interval), seconds, interval)}")
-    print(f"procfs          process : {fidelity(forked['load', ('procfs',)], seconds, interval)}")
+    print(f"procfs          process : {fidelity(separate['load', ('procfs',)], seconds, interval)}")
     print(f"procfs + jetson thread  : {fidelity(Sampler(both(), interval), seconds, interval)}")
-    print(f"procfs + jetson process : {fidelity(forked['load', ('procfs', 'jetson')], seconds, interval)}")
+    print(f"procfs + jetson process : {fidelity(separate['load', ('procfs', 'jetson')], seconds, interval)}")
     stop.set()
     trainer.join()
 
