@@ -15,7 +15,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from mtbench.config import GROUPS, conf_dir, group_options, positive_float, positive_int
+from mtbench.config import GROUPS, check_targets, conf_dir, group_options, positive_float, positive_int
 from mtbench.errors import UsageError
 from mtbench.sweep import override_values
 
@@ -52,7 +52,10 @@ def check_overrides(args: List[str]) -> None:
         values = override_values(override)
         if values is None:
             continue
-        if key in GROUPS:
+        if key.endswith("_target_"):
+            for value in values:
+                check_targets({"_target_": value}, key)
+        elif key in GROUPS:
             allowed = group_options(key)
             for value in values:
                 if str(value) not in allowed:
@@ -135,6 +138,8 @@ def hydra_app(cfg: DictConfig) -> float:
                   flush=True)
             return objective_value(done, objective)
     try:
+        # every _target_ resolves to an allowed module (checked here, in the parent, before this job runs)
+        check_targets(cfg)
         summary = run_isolated(cfg, hydra_cfg.runtime.output_dir)  # the job trains in a child process
     except UsageError as exc:
         _fail(str(exc))
@@ -167,7 +172,7 @@ def print_help(args: List[str]) -> None:
 
 def main(argv: Optional[List[str]] = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
-    if ("--help" in args or "-h" in args) and not (args and args[0] in ("models", "report")):
+    if ("--help" in args or "-h" in args) and not (args and args[0] in ("models", "report", "maxbatch", "predict", "calibrate")):
         try:
             check_overrides([a for a in args if a not in ("--help", "-h")])
             print_help(args)
@@ -177,8 +182,20 @@ def main(argv: Optional[List[str]] = None) -> None:
     if args and args[0] == "models":
         from mtbench.catalog import print_models
 
-        print_models()
+        try:
+            check_overrides(args[1:])
+            print_models(args[1:])
+        except UsageError as exc:
+            _fail(str(exc))
         return
+    if args and args[0] == "maxbatch":
+        from mtbench.memory.maxbatch import main as maxbatch_main
+
+        sys.exit(maxbatch_main(args[1:]))
+    if args and args[0] in ("predict", "calibrate"):
+        from mtbench.predict.cli import main_calibrate, main_predict
+
+        sys.exit((main_predict if args[0] == "predict" else main_calibrate)(args[1:]))
     if args and args[0] == "report":
         from mtbench.report import main as report_main
 

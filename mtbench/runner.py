@@ -26,6 +26,8 @@ from mtbench import env, memory, results
 from mtbench.config import JobSpec, instantiate, positive_float
 from mtbench.data import DataSource
 from mtbench.errors import UsageError
+from mtbench.memory import budget
+from mtbench.memory.breakdown import breakdown_bytes, fragmentation_bytes
 from mtbench.sampling import Sampler, SensorUnavailable, open_sensors, windows
 from mtbench.sampling.process import ProcessSampler, SamplerError
 from mtbench.workload import SetupContext, Workload
@@ -101,6 +103,12 @@ class Job:
             raise UsageError(f"cudnn_benchmark={self.cudnn_benchmark!r} is not known; allowed: true, false")
         self.profiler = None  # a profiling.Profiler once the profiled steps ran
         self.reference: List[float] = []  # unprofiled step times, for the profiler's overhead
+        # the board whose memory budget the job must fit (target=none: no budget)
+        self.target = budget.target_from_cfg(cfg)
+        self.budget: Dict[str, Any] = {"budget_bytes": self.target.memory_budget_bytes, "budget_enforced_by": None}
+        self.runtime_bytes: Optional[int] = None  # resident memory before the model was built (CPU)
+        self.breakdown: Optional[Dict[str, Any]] = None
+        self.breakdown_reason: Optional[str] = "the job ended before its measured steps"
 
     def open_sampler(self) -> None:
         """Open the sensors and the sampler, before the model is built (in `process` mode this starts the
@@ -131,6 +139,9 @@ class Job:
         # cuDNN tries every convolution algorithm on each new shape and keeps the fastest (TensorFlow, which the
         # paper used, does so by default); the warm-up steps absorb the trials
         torch.backends.cudnn.benchmark = self.cudnn_benchmark
+        # before anything of the model exists: what the runtime holds (CPU), and the allocator's cap (CUDA)
+        self.runtime_bytes = memory.current_rss_bytes() if self.device.type == "cpu" else None
+        self.budget = budget.apply_budget(self.target, self.device)
         data: DataSource = instantiate(self.cfg.data)
         self.data_label = data.label
         self.notify("data", self.data_label)
@@ -164,6 +175,10 @@ class Job:
             for i in range(first, first + spec.steps):
                 self.durations.append(self._timed_step(i, warmup=False))
         self.mem = peak.read()
+        # where the peak went: one more step under torch's MemTracker, after the measured steps and their peak
+        self.breakdown, self.breakdown_reason = breakdown_bytes(self.workload, self.device)
+        self.failure = budget.budget_failure(self.target, self.mem, self.budget["budget_enforced_by"],
+                                             self.runtime_bytes)
 
     def _timed_step(self, index: int, warmup: bool) -> float:
         assert self.workload is not None and self.sampler is not None
@@ -201,15 +216,21 @@ class Job:
             "gpu_util_pct": telemetry.get("gpu_util_pct"),
             "power_w": telemetry.get("power_w"),
             "energy_j": telemetry.get("energy_j"),
-            "unavailable": telemetry["unavailable"],
+            "unavailable": {**telemetry["unavailable"],
+                            **({"mem_breakdown_bytes": self.breakdown_reason} if self.breakdown is None else {})},
             **self.mem,
             # memory in use on the whole machine (MemTotal - MemAvailable): on a Jetson, whose GPU shares the
             # DRAM, the figure the paper reports (tegrastats "RAM")
             "mem_system_peak_bytes": telemetry.get("mem_system_peak_bytes"),
+            "mem_runtime_bytes": self.runtime_bytes,
+            "mem_breakdown_bytes": self.breakdown,
+            "mem_fragmentation_bytes": fragmentation_bytes(self.mem),
+            "target": self.target.name,
+            **self.budget,
             "parameters": self.parameters,
             "cudnn_benchmark": self.cudnn_benchmark,
             "sampler": {**(self.sampler.stats() if self.sampler else {}), "sensors": self.sensor_status},
-            "env": env.describe(self.device),
+            "env": env.describe(self.device, root=str(self.cfg.sampler.get("sysfs_root", "/"))),
             "config": OmegaConf.to_container(self.cfg, resolve=True),
         }
         if self.workload is not None:
@@ -393,6 +414,7 @@ def _release(job: Job) -> None:
     job.workload = None
     try:
         memory.release_memory(job.device)
+        budget.release_budget(job.device)
     except Exception:
         log.warning("releasing memory after the job failed", exc_info=True)
 
@@ -599,6 +621,8 @@ def _summary_of_dead_job(cfg: DictConfig, out_dir: Path, exitcode: Optional[int]
         "unavailable": unavailable,
         "mem_peak_bytes": None,
         "mem_peak_source": None,
+        "target": cfg.get("target", {}).get("name", "none"),
+        "budget_bytes": cfg.get("target", {}).get("memory_budget_bytes"),
         "sampler": {"interval_ms": cfg.sampler.interval_ms, "samples": 0},
         "env": started.get("env") or env.host(),
         "config": OmegaConf.to_container(cfg, resolve=True),

@@ -85,7 +85,11 @@ class SweepProgress(Callback):
             print(f"mtbench: error: {problem}", file=sys.stderr)
             sys.exit(2)
         try:
-            self.total = sweep_size(list(config.hydra.overrides.task))
+            # the sweeper's own params (an experiment file's sweep) count too; the command line wins over them
+            params = config.hydra.sweeper.get("params") or {}
+            task = list(config.hydra.overrides.task)
+            typed = {o.split("=", 1)[0].lstrip("+~") for o in task}
+            self.total = sweep_size([f"{k}={v}" for k, v in params.items() if k not in typed] + task)
         except Exception:
             self.total = None
 

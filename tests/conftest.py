@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import List
 
@@ -14,6 +15,9 @@ from mtbench import config
 from mtbench.runner import run_job
 
 REPO = Path(__file__).resolve().parent.parent
+# the tests' jobs take their device locks in a folder of their own: an mtbench run elsewhere on this machine
+# (a benchmark) neither waits for them nor makes them wait; tests of the lock itself set lock_dir
+os.environ.setdefault("MTBENCH_LOCK_DIR", tempfile.mkdtemp(prefix="mtbench-test-locks-"))
 # fast defaults for tests: no warm-up, one measured step, CPU
 FAST = ["device=cpu", "warmup=0", "steps=1"]
 

@@ -186,3 +186,12 @@ def test_help_of_subcommands_and_of_a_sweep():
     assert proc.returncode == 0 and "usage: mtbench report DIR" in proc.stdout, proc.stderr
     proc = mtbench_cli("--help", "model=resnet50,vgg16")
     assert proc.returncode == 0 and "== Configuration groups ==" in proc.stdout, proc.stderr
+
+
+@pytest.mark.parametrize("target", ["mtbench.sample_cli.os.system", "mtbench.sample_cli.subprocess.Popen"])
+def test_a_target_outside_the_allowed_modules_is_one_line(target, tmp_path):
+    proc = mtbench_cli("model=squeezenet", f"model.workload.net._target_={target}", f"hydra.run.dir={tmp_path}")
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("mtbench: error:") and target in lines[0], lines
+    assert not (tmp_path / "summary.json").exists()

@@ -139,7 +139,7 @@ def test_a_second_ctrl_c_while_writing_waits_for_the_results(run, tmp_path, monk
 
 
 def test_peak_memory_is_reset_between_jobs(run):
-    big = run(["model=vgg16", "batch=8"], name="big")
+    big = run(["model=vgg16", "batch=8", "model.workload.net.variant=imagenet"], name="big")
     small = run(["model=squeezenet", "batch=2"], name="small")
     assert big["success"] and small["success"]
     # VGG16 holds ~1.6 GB of weights, gradients and momentum; SqueezeNet ~10 MB. Without the reset
