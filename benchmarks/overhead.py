@@ -1,9 +1,12 @@
 """Measurement overhead: mtbench's step time (5 ms sampler on) against a bare PyTorch loop of the same
-model and batch, interleaved in one run so that both see the same machine state.
+model and batch, for each sampler mode side by side (`sampler.mode=thread`: a thread of the training process;
+`process`: a process of its own), interleaved in one run so that all sides see the same machine state.
 
     python benchmarks/overhead.py [model=resnet50] [batch=8] [steps=10] [rounds=3] [interval_ms=5]
+                                  [modes=process,thread]
 
-Prints the median step time of each side per round and the ratio mtbench / bare (goal <= 1.02).
+Prints the median step time of each side per round and the ratio mtbench / bare per mode (goal <= 1.02),
+with each mode's sampler fidelity (samples taken of those asked, p99 interval) and own CPU.
 """
 from __future__ import annotations
 
@@ -12,6 +15,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Dict, List
 
 from hydra import compose, initialize_config_dir
 
@@ -46,26 +50,43 @@ def main() -> None:
     args = dict(a.split("=", 1) for a in sys.argv[1:])
     model, batch = args.get("model", "resnet50"), int(args.get("batch", 8))
     steps, rounds, interval = int(args.get("steps", 10)), int(args.get("rounds", 3)), args.get("interval_ms", "5")
+    modes = args.get("modes", "process,thread").split(",")
     overrides = [f"model={model}", f"batch={batch}", f"steps={steps}", "warmup=3", f"sampler.interval_ms={interval}",
                  f"device={args.get('device', 'auto')}"]
-    with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=overrides)
-    bare, tool = [], []
+    cfgs = {}
+    for mode in modes:
+        with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
+            cfgs[mode] = compose(config_name="config", overrides=overrides + [f"sampler.mode={mode}"])
+    sides = ["bare"] + modes
+    times: Dict[str, List[float]] = {side: [] for side in sides}
+    sampler: Dict[str, List[dict]] = {mode: [] for mode in modes}
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(rounds):
-            # alternate which side goes first, so that drift over the run does not favour either
-            order = ("bare", "mtbench") if r % 2 == 0 else ("mtbench", "bare")
+            # rotate which side goes first, so that drift over the run does not favour any
+            order = sides[r % len(sides):] + sides[: r % len(sides)]
             for side in order:
                 if side == "bare":
-                    bare.append(bare_loop(cfg, steps, 3))
+                    times[side].append(bare_loop(cfgs[modes[0]], steps, 3))
                 else:
-                    summary = run_job(cfg, Path(tmp) / f"round{r}")
-                    tool.append(summary["step_time_s"]["median"])
-            print(f"round {r}: bare {bare[-1]:.4f} s  mtbench {tool[-1]:.4f} s  ratio {tool[-1] / bare[-1]:.3f}")
-    ratio = statistics.median(tool) / statistics.median(bare)
-    print(f"{model} batch {batch}, {steps} steps x {rounds} rounds, sampler {interval} ms: "
-          f"median step bare {statistics.median(bare):.4f} s, mtbench {statistics.median(tool):.4f} s, "
-          f"ratio {ratio:.3f} (goal <= 1.02)")
+                    summary = run_job(cfgs[side], Path(tmp) / f"round{r}-{side}")
+                    times[side].append(summary["step_time_s"]["median"])
+                    sampler[side].append(summary["sampler"])
+            print(f"round {r}: bare {times['bare'][-1]:.4f} s  " + "  ".join(
+                f"{m} {times[m][-1]:.4f} s (ratio {times[m][-1] / times['bare'][-1]:.3f})" for m in modes))
+    bare = statistics.median(times["bare"])
+    print(f"{model} batch {batch}, {steps} steps x {rounds} rounds, sampler {interval} ms: median step bare {bare:.4f} s")
+    for mode in modes:
+        st = sampler[mode]
+        print(f"  sampler.mode={mode:8s}: median step {statistics.median(times[mode]):.4f} s, "
+              f"ratio {statistics.median(times[mode]) / bare:.3f} (goal <= 1.02); "
+              f"samples taken {statistics.median(_taken_pct(s) for s in st):.2f} % of asked, "
+              f"p99 interval {statistics.median(s['achieved_interval_ms']['p99'] for s in st):.2f} ms, "
+              f"sampler CPU {statistics.median(s['cpu_pct_of_one_core'] for s in st):.2f} % of one core (medians of rounds)")
+
+
+def _taken_pct(stats: dict) -> float:
+    """Samples taken of those asked: each period of the sampled span is either taken or counted as dropped."""
+    return 100.0 * stats["samples"] / (stats["samples"] + stats["dropped"])
 
 
 if __name__ == "__main__":

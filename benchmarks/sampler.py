@@ -3,9 +3,10 @@
     python benchmarks/sampler.py [seconds=5] [interval_ms=5] [model=resnet50] [batch=8] [steps=10] [rounds=4]
 
 1. Idle fidelity and cost, for procfs alone and procfs + a fake Jetson TX2 tree (6 rails + GPU load): share
-   of the requested samples taken (goal >= 99 %), p99 interval (goal <= 6 ms), the sampler thread's own CPU
-   time as % of one core (goal <= 3 %).
-2. The same while a model trains on every core (the case that matters).
+   of the requested samples taken (goal >= 99 %), p99 interval (goal <= 6 ms), the sampler's own CPU
+   time as % of one core (goal <= 3 %); each for the sampler in a thread of this process (`thread`) and in a
+   process of its own (`process`, started before the model is built, as the runner does).
+2. The same while a model trains on every core (the case that matters; the issue's: model=vgg19 batch=16).
 3. Training step time with the sampler on vs off, interleaved rounds (goal ratio <= 1.01).
 """
 from __future__ import annotations
@@ -26,14 +27,15 @@ from mtbench.runner import resolve_device
 from mtbench.sampling import Sampler
 from mtbench.sampling.jetson import JetsonSensor
 from mtbench.sampling.procfs import ProcfsSensor
+from mtbench.sampling.process import ProcessSampler
 from mtbench.workload import SetupContext
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tests.fake_sysfs import make_tx2  # noqa: E402  (the same fake tree the tests use)
 
 
-def fidelity(sensors, seconds: float, interval_ms: float) -> str:
-    sampler = Sampler(sensors, interval_ms).start()
+def fidelity(sampler, seconds: float, interval_ms: float) -> str:
+    sampler.start()
     time.sleep(seconds)
     samples = sampler.stop()
     st = sampler.stats()
@@ -87,10 +89,16 @@ def main() -> None:
     make_tx2(tree, {"VDD_IN": 9000, "VDD_SYS_GPU": 3500, "VDD_SYS_CPU": 1500, "VDD_SYS_SOC": 900,
                     "VDD_SYS_DDR": 700, "VDD_4V0_WIFI": 100})
     both = lambda: [ProcfsSensor(), JetsonSensor(str(tree))]  # noqa: E731
+    jetson = {"jetson": {"sysfs_root": str(tree)}}
+    # process samplers: started now, before the model is built (procfs watches this process, not theirs)
+    separate = {(load, names): ProcessSampler(names, jetson, interval)
+              for load in ("idle", "load") for names in (("procfs",), ("procfs", "jetson"))}
 
     print(f"== idle, {seconds:.0f} s at {interval} ms")
-    print(f"procfs          : {fidelity([ProcfsSensor()], seconds, interval)}")
-    print(f"procfs + jetson : {fidelity(both(), seconds, interval)}")
+    print(f"procfs          thread  : {fidelity(Sampler([ProcfsSensor()], interval), seconds, interval)}")
+    print(f"procfs          process : {fidelity(separate['idle', ('procfs',)], seconds, interval)}")
+    print(f"procfs + jetson thread  : {fidelity(Sampler(both(), interval), seconds, interval)}")
+    print(f"procfs + jetson process : {fidelity(separate['idle', ('procfs', 'jetson')], seconds, interval)}")
 
     workload, device = build(model, batch)
     sync = synchronizer(device)
@@ -105,8 +113,10 @@ def main() -> None:
     print(f"== while {model} batch {batch} trains, {seconds:.0f} s at {interval} ms")
     trainer = threading.Thread(target=train, daemon=True)
     trainer.start()
-    print(f"procfs          : {fidelity([ProcfsSensor()], seconds, interval)}")
-    print(f"procfs + jetson : {fidelity(both(), seconds, interval)}")
+    print(f"procfs          thread  : {fidelity(Sampler([ProcfsSensor()], interval), seconds, interval)}")
+    print(f"procfs          process : {fidelity(separate['load', ('procfs',)], seconds, interval)}")
+    print(f"procfs + jetson thread  : {fidelity(Sampler(both(), interval), seconds, interval)}")
+    print(f"procfs + jetson process : {fidelity(separate['load', ('procfs', 'jetson')], seconds, interval)}")
     stop.set()
     trainer.join()
 

@@ -1,0 +1,289 @@
+"""The sampler in a small process of its own, so that no lock of the training process (its GIL) can stall it.
+
+The sampling process is a fresh Python interpreter (started before the job builds its model) that imports
+mtbench.sampling and numpy only: no torch, and none of the training process's memory. A fork would have been
+quicker to start (~0.2 s less) but keeps the training process's pages copy-on-write: every page the training
+then writes is copied for it (90 MB after five steps of a small model, up to the ~370 MB that importing torch
+makes), memory that a Jetson, whose GPU shares the DRAM, would lack. It opens the sensors itself (jtop's client
+thread and NVML's handles belong to the process that opened them) and runs the existing `Sampler` loop; at
+`stop()` it decodes the samples and hands them back in bulk through a socket pair. Step marks stay in the
+training process: CLOCK_MONOTONIC is one clock for every process of the machine.
+
+A process of its own is not enough on a busy CPU: with both cores training, the scheduler let it wake 5-15 ms
+late (89 % of the asked samples, p99 13 ms on a 2-core machine). So its sampling thread asks for the lowest
+real-time priority (SCHED_FIFO 1: it preempts the training's threads the moment its period comes, then sleeps
+again after ~0.1 ms), else for nice -10; without the privilege (CAP_SYS_NICE, root) it runs as it is. What it
+got is in `stats()["priority"]`. The decoding at `stop()` runs at normal priority again.
+
+A sampling process that dies or stops answering raises `SamplerError`, never a hang and never an empty result.
+"""
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+import time
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from mtbench.sampling.sampler import Samples, StepMark
+from mtbench.sampling.sensor import SensorUnavailable
+
+READY_TIMEOUT_S = 60.0  # the interpreter's start and the sensors' opening (jtop's first connection takes seconds)
+START_TIMEOUT_S = 10.0  # from "start" to the first sample taken
+STOP_TIMEOUT_S = 30.0  # from "stop" to the samples sent back: the loop's last read, closing the sensors...
+DECODE_S_PER_SAMPLE = 0.001  # ...plus decoding each sample (tens of microseconds; generous under load)
+PARENT_CHECK_S = 1.0  # how often an idle sampling process checks that the training process still lives
+REALTIME_PRIORITY = 1  # SCHED_FIFO's lowest: above every normal thread, below every real-time one
+NICE = -10  # the fallback where real-time is refused (a container's cgroup without real-time bandwidth)
+PROCESS_TITLE = "mtbench.sampling.process"  # in the sampling process's command line
+
+
+class SamplerError(RuntimeError):
+    """The sampling process died or stopped answering; the message says which and when."""
+
+
+class ProcessSampler:
+    """Runs a `Sampler` over the sensors `open_sensors(names, options)` opens, in a process of its own, with
+    the surface of `Sampler`; procfs watches `pid` (default: this process, the training one).
+
+    The constructor starts the process and opens the sensors there (a sensor named explicitly that is not
+    available raises SensorUnavailable here, as `open_sensors` does; `sensor_status` lists each one tried);
+    sampling runs between `start()` and `stop()`. `sensors` is empty in this process: the sensors live, and
+    are closed, in the sampling process.
+    """
+
+    def __init__(self, names: Sequence[str], options: Optional[Dict[str, Dict[str, Any]]] = None,
+                 interval_ms: float = 5.0, pid: Optional[int] = None) -> None:
+        if not interval_ms > 0:
+            raise ValueError(f"interval_ms={interval_ms!r}; allowed: a number > 0")
+        self.interval_ms = float(interval_ms)
+        self.sensors: list = []
+        self.sensor_status: List[dict] = []
+        self.marks: List[StepMark] = []
+        self.dropped = 0
+        self.cpu_time_s: Optional[float] = None  # the sampling process's CPU time while it sampled
+        self._samples: Optional[Samples] = None
+        self._stats: Optional[dict] = None
+        self._error: Optional[SamplerError] = None
+        self._started_at: Optional[float] = None
+        options = {k: dict(v or {}) for k, v in (options or {}).items()}
+        options.setdefault("procfs", {}).setdefault("pid", os.getpid() if pid is None else pid)
+        self._conn, child_conn = multiprocessing.Pipe(duplex=True)  # a socket pair
+        package_root = str(Path(__file__).resolve().parents[2])  # the mtbench this process runs, first
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")])))
+        code = f"from {PROCESS_TITLE} import serve; serve({child_conn.fileno()}, {os.getpid()})"
+        try:
+            self._process = subprocess.Popen([sys.executable, "-c", code], pass_fds=[child_conn.fileno()], env=env,
+                                             stdin=subprocess.DEVNULL)
+        finally:
+            child_conn.close()  # only the child holds its end now: its death reads as EOF here
+        self._send(("open", list(names), options, self.interval_ms), "when asked to open the sensors")
+        kind, payload = self._receive(READY_TIMEOUT_S, "while opening the sensors")
+        if kind == "unavailable":
+            self._finish()
+            raise SensorUnavailable(payload)
+        if kind != "ready":
+            self._fail(f"the sampling process could not open the sensors: {payload}")
+        self.sensor_status = payload
+
+    @property
+    def pid(self) -> int:
+        return self._process.pid
+
+    def start(self) -> "ProcessSampler":
+        """Begin sampling; returns once the first sample has been taken."""
+        self._send(("start",), "when asked to start")
+        kind, payload = self._receive(START_TIMEOUT_S, "while starting")
+        if kind != "started":
+            self._fail(f"the sampling process did not start: {payload}")
+        self._started_at = time.monotonic()
+        return self
+
+    def stop(self) -> Samples:
+        """End sampling and return every sample, decoded; SamplerError if the sampling process is gone."""
+        if self._samples is not None:
+            return self._samples
+        self._send(("stop",), "when asked to stop")
+        expected = (time.monotonic() - self._started_at) * 1000.0 / self.interval_ms if self._started_at else 0.0
+        kind, payload = self._receive(STOP_TIMEOUT_S + DECODE_S_PER_SAMPLE * expected, "while stopping")
+        if kind != "samples":
+            self._fail(f"the sampling process failed while stopping: {payload}")
+        self._samples, self._stats = payload
+        self.dropped = self._stats["dropped"]
+        self.cpu_time_s = self._stats["cpu_time_s"]
+        self._finish()
+        return self._samples
+
+    def __enter__(self) -> "ProcessSampler":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        if exc[0] is None:
+            self.stop()
+        else:
+            self._finish()
+
+    def mark_step(self, index: int, start_s: float, end_s: float, warmup: bool = False) -> None:
+        # a sampling process that died mid-run ends the job at this step rather than at its end (waitpid: ~µs)
+        if self._samples is None and self._process.poll() is not None:
+            self._fail("the sampling process died while the job ran")
+        self.marks.append(StepMark(index, start_s, end_s, warmup))
+
+    def stats(self) -> dict:
+        """As `Sampler.stats()`, the CPU time being the whole sampling process's, plus `mode` and `priority`;
+        before the samples came back (the sampling process died) the counts are unknown, the reason in `error`."""
+        if self._stats is not None:
+            return dict(self._stats, mode="process")
+        return {"interval_ms": self.interval_ms, "achieved_interval_ms": {"median": None, "p99": None},
+                "samples": 0, "dropped": None, "cpu_time_s": None, "cpu_pct_of_one_core": None, "mode": "process",
+                "error": str(self._error) if self._error else "the sampler was not stopped"}
+
+    def close(self) -> None:
+        """End the sampling process without its samples (stop() is the way to get them)."""
+        self._finish()
+
+    # -- the training process's side of the socket
+
+    def _send(self, message: tuple, when: str) -> None:
+        if self._error is not None:
+            raise self._error
+        try:
+            self._conn.send(message)
+        except (OSError, EOFError):
+            self._fail(f"the sampling process is gone {when}")
+
+    def _receive(self, timeout_s: float, when: str) -> Tuple[str, Any]:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                if self._conn.poll(max(0.0, min(left, 0.2))):  # data, or EOF once the process is gone
+                    return self._conn.recv()
+            except (OSError, EOFError):  # it died, perhaps halfway through sending
+                self._fail(f"the sampling process died {when}")
+            if self._process.poll() is not None:
+                self._fail(f"the sampling process died {when}")
+            if left <= 0:
+                self._fail(f"the sampling process did not answer within {timeout_s:.0f} s {when}")
+
+    def _fail(self, message: str) -> None:
+        try:  # a process that closed its socket by dying is a zombie a moment later: its exit code says how
+            code: Optional[int] = self._process.wait(timeout=0.5)
+        except subprocess.TimeoutExpired:
+            code = None
+        if code is not None and code < 0:
+            message += f" (killed by signal {-code}, {_signal_name(-code)})"
+        elif code is not None:
+            message += f" (exit code {code})"
+        self._error = SamplerError(message)
+        self._finish()
+        raise self._error
+
+    def _finish(self) -> None:
+        try:
+            self._conn.close()  # a sampling process still waiting reads EOF and ends
+        except OSError:
+            pass
+        try:
+            self._process.wait(timeout=2.0)
+        except subprocess.TimeoutExpired:
+            self._process.kill()
+            self._process.wait(timeout=2.0)
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+# -- the sampling process's side
+
+def serve(fd: int, parent_pid: int) -> None:
+    """The sampling process's main: open, start, stop as the training process asks through the socket `fd`."""
+    # Ctrl-C reaches the whole process group: the training process handles it and then stops this one
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    from mtbench.sampling import Sampler, open_sensors
+
+    conn = Connection(fd)
+    command = _next_command(conn, parent_pid)
+    if command is None or command[0] != "open":
+        return
+    names, options, interval_ms = command[1:]
+    try:
+        sensors, status = open_sensors(names, options)
+    except SensorUnavailable as exc:
+        conn.send(("unavailable", str(exc)))
+        return
+    except Exception as exc:  # noqa: BLE001 - told to the training process, which raises it
+        conn.send(("error", f"{type(exc).__name__}: {exc}"))
+        return
+    sampler = Sampler(sensors, interval_ms)
+    try:
+        conn.send(("ready", status))
+        command = _next_command(conn, parent_pid)
+        waited_cpu_s = time.thread_time()  # this thread only waits while the loop thread samples
+        priority = "normal"
+        if command is not None and command[0] == "start":
+            priority = _raise_priority()  # the loop thread, started next, inherits it
+            sampler.start()
+            while sampler.stats()["samples"] == 0:  # the first step begins after the first sample
+                time.sleep(0.0002)
+            conn.send(("started", None))
+            command = _next_command(conn, parent_pid)
+        waited_cpu_s = time.thread_time() - waited_cpu_s
+        _normal_priority()  # the decoding (in this thread) need not preempt anyone
+        samples = sampler.stop()  # joins the loop, then decodes (after the run: not counted as its cost)
+        if command is not None and command[0] == "stop":
+            stats = sampler.stats()
+            # the process's cost while it sampled: the loop thread's CPU and this waiting thread's
+            cpu_s = (sampler.cpu_time_s or 0.0) + waited_cpu_s
+            span = float(samples.time_s[-1] - samples.time_s[0]) if len(samples) > 1 else None
+            stats.update(cpu_time_s=cpu_s, cpu_pct_of_one_core=100.0 * cpu_s / span if span else None,
+                         priority=priority)
+            conn.send(("samples", (samples, stats)))
+    finally:
+        for sensor in sensors:
+            try:
+                sensor.close()
+            except Exception:  # noqa: BLE001 - a sensor that cannot close changes none of the figures
+                pass
+
+
+def _raise_priority() -> str:
+    """The calling thread at real-time priority, else at a lower nice; says what it got (and why not more)."""
+    try:
+        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(REALTIME_PRIORITY))
+        return f"SCHED_FIFO {REALTIME_PRIORITY}"
+    except (OSError, AttributeError) as exc:  # AttributeError: a platform without the call
+        refused = f"SCHED_FIFO refused: {getattr(exc, 'strerror', None) or exc}"
+    try:
+        os.setpriority(os.PRIO_PROCESS, 0, NICE)  # on Linux: this thread, inherited by the threads it starts
+        return f"nice {NICE} ({refused})"
+    except (OSError, AttributeError) as exc:
+        return f"normal ({refused}; nice {NICE} refused: {getattr(exc, 'strerror', None) or exc})"
+
+
+def _normal_priority() -> None:
+    try:
+        os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+        os.setpriority(os.PRIO_PROCESS, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def _next_command(conn: Connection, parent_pid: int) -> Optional[tuple]:
+    """The next command from the training process; None once it is gone (its end closed, or it died)."""
+    while True:
+        try:
+            if conn.poll(PARENT_CHECK_S):
+                return conn.recv()
+        except (OSError, EOFError):
+            return None
+        if os.getppid() != parent_pid:  # orphaned (should another process hold the training process's end)
+            return None

@@ -1,0 +1,203 @@
+"""The sampler in a process of its own: the same samples and figures as the thread, and a death that is a
+recorded failure of the job, never a hang."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from typing import List
+
+import numpy as np
+import psutil
+import pytest
+
+from mtbench.errors import UsageError
+from mtbench.sampling import Sampler, SensorUnavailable
+from mtbench.sampling import process as process_sampler
+from mtbench.sampling.procfs import ProcfsSensor
+from mtbench.sampling.process import PROCESS_TITLE, ProcessSampler, SamplerError
+from mtbench.sampling.windows import cpu_utilization, process_cpu_pct
+from mtbench.workload import SetupContext
+from tests.conftest import compose_cfg
+from tests.fake_sysfs import make_tx2
+from tests.fake_workloads import BusyLoop
+from tests.test_isolation import FAKE, isolated
+
+# A child that waits for a line on stdin, spins for `duty` of every 10 ms slice for `seconds`, then prints the
+# monotonic start and end of its loop and the CPU time it got in between: the truth, from its own clock (on a
+# loaded machine a spinning process is not on a core all the time it spins); it exits on a second line
+CHILD = """
+import sys, time
+duty, seconds = float(sys.argv[1]), float(sys.argv[2])
+sys.stdin.readline()
+start = time.monotonic(); cpu0 = time.process_time()
+while time.monotonic() - start < seconds:
+    t = time.monotonic()
+    while time.monotonic() - t < 0.010 * duty:
+        pass
+    if duty < 1:
+        time.sleep(0.010 * (1 - duty))
+print(start, time.monotonic(), time.process_time() - cpu0, flush=True)
+sys.stdin.readline()
+"""
+
+TX2_POWER = {"VDD_IN": 9000, "VDD_SYS_GPU": 3500, "VDD_SYS_CPU": 1500, "VDD_SYS_SOC": 900, "VDD_SYS_DDR": 700,
+             "VDD_4V0_WIFI": 100}
+
+
+class KillsTheSampler(BusyLoop):
+    """A short busy step; during step `at_step` the job's sampling process is killed with SIGKILL."""
+
+    def __init__(self, at_step: int = 2) -> None:
+        super().__init__(seconds=0.02)
+        self.at_step = at_step
+        self.steps = 0
+
+    def setup(self, ctx: SetupContext) -> None:
+        super().setup(ctx)
+        self.samplers = _sampling_processes()
+        assert len(self.samplers) == 1, self.samplers  # started before the model was built, still there
+
+    def step(self) -> None:
+        super().step()
+        self.steps += 1
+        if self.steps == self.at_step:
+            self.samplers[0].kill()
+            # dead before the step ends: waits until it can be reaped, and leaves the reaping to the runner
+            os.waitid(os.P_PID, self.samplers[0].pid, os.WEXITED | os.WNOWAIT)
+
+
+def _sampling_processes() -> List[psutil.Process]:
+    return [p for p in psutil.Process().children() if PROCESS_TITLE in " ".join(p.cmdline())]
+
+
+def test_samples_come_back_complete_and_in_order():
+    sampler = ProcessSampler(["procfs"], interval_ms=5)
+    assert sampler.pid != os.getpid() and sampler.sensors == []
+    assert [s["name"] for s in sampler.sensor_status] == ["procfs"]
+    sampler.start()
+    t0 = time.monotonic()
+    time.sleep(0.5)
+    t1 = time.monotonic()
+    sampler.mark_step(0, t0, t1)
+    samples = sampler.stop()
+    stats = sampler.stats()
+    assert samples.time_s[0] < t0 and samples.time_s[-1] > t1  # the step lies wholly inside the samples
+    assert np.all(np.diff(samples.time_s) > 0)
+    asked = (samples.time_s[-1] - samples.time_s[0]) * 1000 / 5 + 1
+    assert stats["samples"] == len(samples) >= 0.9 * asked
+    assert stats["samples"] + stats["dropped"] == pytest.approx(asked, abs=2)  # each period taken or counted
+    assert stats["mode"] == "process" and stats["cpu_time_s"] > 0
+    # real-time priority where the privilege allows, else the reason it was refused
+    assert stats["priority"].startswith(("SCHED_FIFO 1", "nice -10 (SCHED_FIFO refused", "normal (SCHED_FIFO refused"))
+    # procfs watches the training process (this one), not the sampling process
+    assert not np.isnan(samples.columns["proc_rss_bytes"]).any()
+    assert samples.columns["proc_rss_bytes"][-1] > 50e6  # this pytest process, with torch imported
+    assert sampler.stop() is samples  # a second stop changes nothing
+    assert _sampling_processes() == []  # it has exited and been reaped
+
+
+@pytest.mark.parametrize("duty", [1.0, 0.5])
+def test_known_load_reads_the_same_in_process_and_thread(duty):
+    child = subprocess.Popen([sys.executable, "-c", CHILD, str(duty), "1.0"], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+    in_process = ProcessSampler(["procfs"], {"procfs": {"pid": child.pid}}, interval_ms=5).start()
+    sensor = ProcfsSensor(pid=child.pid)
+    in_thread = Sampler([sensor], interval_ms=5).start()
+    time.sleep(0.05)  # the thread's first sample too (the process sampler's start() waits for its own)
+    child.stdin.write("go\n")
+    child.stdin.flush()
+    start, end, cpu_s = map(float, child.stdout.readline().split())  # one step: the child's loop
+    # both take a last sample at stop, while the child still lives: the window is closed on both sides
+    by_process, by_thread = in_process.stop(), in_thread.stop()
+    sensor.close()
+    child.communicate("\n")
+    truth = 100 * cpu_s / (end - start)
+    span = [(start, end)]
+    assert process_cpu_pct(by_process, span) == pytest.approx(truth, abs=5)
+    assert process_cpu_pct(by_process, span) == pytest.approx(process_cpu_pct(by_thread, span), abs=5)
+    per_core = cpu_utilization(by_process, span)
+    assert per_core["mean"] * len(per_core["per_core"]) >= truth - 5
+
+
+@pytest.mark.parametrize("mode", ["process", "thread"])
+def test_tx2_rails_energy_within_1_percent_in_either_mode(run, tmp_path, mode):
+    make_tx2(tmp_path / "tx2", TX2_POWER, gpu_load_permille=640)
+    s = run(["model=squeezenet", "batch=2", "warmup=1", "steps=4", "sampler=jetson",
+             f"sampler.sysfs_root={tmp_path / 'tx2'}", f"sampler.mode={mode}"])
+    assert s["success"], s["failure"]
+    assert s["sampler"].get("mode", "thread") == mode
+    busy_s = s["step_time_s"]["mean"] * s["measured_steps"]
+    for rail, mw in TX2_POWER.items():
+        assert s["energy_j"]["by_rail"][rail] == pytest.approx(mw / 1000 * busy_s, rel=0.01)
+    assert s["gpu_util_pct"]["mean"] == pytest.approx(64.0)
+    assert s["sampler"]["samples"] > 0 and s["sampler"]["cpu_pct_of_one_core"] is not None
+
+
+def test_a_sampler_killed_mid_run_is_the_jobs_failure(tmp_path):
+    started = time.monotonic()
+    proc = isolated(tmp_path / "job", *FAKE, "model.workload._target_=tests.test_sampler_process.KillsTheSampler",
+                    "steps=50", "warmup=0")
+    assert proc.returncode == 0, proc.stderr
+    s = json.loads((tmp_path / "job" / "summary.json").read_text())
+    assert s["success"] is False
+    assert s["failure"]["kind"] == "error"
+    assert "sampling process died" in s["failure"]["message"] and "SIGKILL" in s["failure"]["message"]
+    assert s["measured_steps"] == 1  # the job ended at the step after the kill, not after 50
+    assert s["cpu_util_pct"] is None and "sampler failed" in s["unavailable"]["cpu_util_pct"]
+    assert s["sampler"]["samples"] == 0 and "died" in s["sampler"]["error"]
+    assert time.monotonic() - started < 120
+
+
+def test_a_sampler_that_stops_answering_is_an_error_not_a_hang(monkeypatch):
+    monkeypatch.setattr(process_sampler, "STOP_TIMEOUT_S", 1.0)
+    sampler = ProcessSampler(["procfs"], interval_ms=5).start()
+    os.kill(sampler.pid, signal.SIGSTOP)  # alive but frozen: a read stuck in a driver looks like this
+    t = time.monotonic()
+    with pytest.raises(SamplerError, match="did not answer within 1 s while stopping"):
+        sampler.stop()
+    assert time.monotonic() - t < 6
+    with pytest.raises(SamplerError):  # and stays an error: never an empty result read as zeros
+        sampler.stop()
+    assert sampler.stats()["samples"] == 0 and "did not answer" in sampler.stats()["error"]
+
+
+def test_unavailable_sensor_and_bad_mode_are_refused(tmp_path):
+    with pytest.raises(SensorUnavailable, match="no INA3221 rails"):
+        ProcessSampler(["jetson"], {"jetson": {"sysfs_root": str(tmp_path)}})
+    from mtbench.runner import Job
+
+    with pytest.raises(UsageError, match="sampler.mode='fast' is not known; allowed: process, thread"):
+        Job(compose_cfg(["sampler.mode=fast"]), tmp_path / "job")
+
+
+def test_sampling_process_imports_no_torch():
+    code = ("import sys\n"
+            "import mtbench.sampling.process as p\n"
+            "p.serve(int(sys.argv[1]), int(sys.argv[2]))\n"
+            "print('torch' in sys.modules)\n")
+    import multiprocessing
+
+    here, there = multiprocessing.Pipe()
+    child = subprocess.Popen([sys.executable, "-c", code, str(there.fileno()), str(os.getpid())],
+                             pass_fds=[there.fileno()], stdout=subprocess.PIPE, text=True)
+    there.close()
+    here.send(("open", ["procfs"], {}, 5.0))
+    assert here.recv()[0] == "ready"
+    here.send(("start",))
+    assert here.recv()[0] == "started"
+    here.send(("stop",))
+    kind, (samples, stats) = here.recv()
+    assert kind == "samples" and len(samples) >= 1
+    assert child.communicate(timeout=30)[0].split() == ["False"]  # the sampling process never imported torch
+
+
+def test_a_sampler_killed_while_stopping_names_the_signal():
+    sampler = ProcessSampler(["procfs"], interval_ms=5).start()
+    os.kill(sampler.pid, signal.SIGKILL)
+    with pytest.raises(SamplerError, match=r"(died|is gone) .*\(killed by signal 9, SIGKILL\)"):
+        sampler.stop()
+    assert sampler.stats()["samples"] == 0 and "SIGKILL" in sampler.stats()["error"]
