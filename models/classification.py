@@ -1,7 +1,7 @@
 """Image classification: the training step of every CNN in the suite (cross-entropy, SGD by default)."""
 from __future__ import annotations
 
-from typing import Any, List, Sequence
+from typing import Any, Dict, List, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -33,3 +33,6 @@ class ImageClassification(Workload):
 
     def modules(self) -> List[torch.nn.Module]:
         return [self.net]
+
+    def extra_metrics(self, measured_steps: int) -> Dict[str, Any]:
+        return {"input_shape": list(self.input_shape)}  # one sample: channels, height, width

@@ -6,7 +6,7 @@ one discriminator update (real and fake batch) and one generator update.
 """
 from __future__ import annotations
 
-from typing import Any, List
+from typing import Any, Dict, List
 
 import torch
 import torch.nn.functional as F
@@ -57,6 +57,7 @@ class DCGAN(Workload):
         self.d.to(ctx.device).train()
         self.opt_g = optimizer_from(self.make_opt_g, self.g.parameters())
         self.opt_d = optimizer_from(self.make_opt_d, self.d.parameters())
+        # the generator makes 32x32 images: another data.image_size is refused by the source with the size to set
         images = ctx.data.image_batches(ctx.batch_size, ctx.batches, (3, 32, 32), 10, ctx.seed)
         # real images scaled to the generator's tanh range
         self.real = [torch.tanh(x).to(ctx.device) for x, _ in images]
@@ -85,3 +86,6 @@ class DCGAN(Workload):
 
     def modules(self) -> List[torch.nn.Module]:
         return [self.g, self.d]
+
+    def extra_metrics(self, measured_steps: int) -> Dict[str, Any]:
+        return {"input_shape": [3, 32, 32]}  # the generator's output and the discriminator's input

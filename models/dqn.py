@@ -98,7 +98,10 @@ class DQN(Workload):
             return int(self.rng.integers(self.env.n_actions))
         with torch.no_grad():
             obs = torch.from_numpy(np.asarray(self.obs)).to(self.device).unsqueeze(0)
-            return int(self.q(obs).argmax(1).item())  # .item() is a CPU-GPU sync point
+            q = self.q(obs)
+            if q.device.type == "meta":  # a shape-only run (`mtbench models` counting FLOPs) has no value to act on
+                return 0
+            return int(q.argmax(1).item())  # .item() is a CPU-GPU sync point
 
     def step(self) -> None:
         t0 = time.monotonic()

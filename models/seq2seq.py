@@ -34,8 +34,11 @@ class AttentionSeq2Seq(nn.Module):
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, src, src_len, tgt_in) -> torch.Tensor:
-        packed = pack_padded_sequence(self.dropout(self.src_embed(src)), src_len.cpu(), batch_first=True,
-                                      enforce_sorted=False)
+        # No GPU->CPU sync in the step: src_len lives on the CPU, where pack_padded_sequence wants it, and the
+        # batch is sorted by source length at setup (enforce_sorted=False would make pad_packed_sequence call
+        # .cpu() on its GPU unsort indices)
+        packed = pack_padded_sequence(self.dropout(self.src_embed(src)), src_len, batch_first=True,
+                                      enforce_sorted=True)
         enc, state = self.encoder(packed)
         enc, _ = pad_packed_sequence(enc, batch_first=True, total_length=src.shape[1])  # B x S x H
         dec, _ = self.decoder(self.dropout(self.tgt_embed(tgt_in)), state)  # B x T x H
@@ -64,13 +67,18 @@ class Seq2Seq(Workload):
         self.batches = []
         for b in range(ctx.batches):
             pairs = slice(b * ctx.batch_size, (b + 1) * ctx.batch_size)
-            self.batches.append(tuple(t.to(ctx.device) for t in self._pad(corpus.src[pairs], corpus.tgt[pairs], *vocabs)))
+            src, src_len, tgt_in, tgt_out = self._pad(corpus.src[pairs], corpus.tgt[pairs], *vocabs)
+            # the lengths stay on the CPU (see AttentionSeq2Seq.forward): no sync in the timed step
+            self.batches.append((src.to(ctx.device), src_len, tgt_in.to(ctx.device), tgt_out.to(ctx.device)))
         # tokens a sentence pair carries through the step: source + target (+ its </s>)
         self.tokens_per_pair = float(np.mean([len(s) + len(t) + 1 for s, t in zip(corpus.src, corpus.tgt)]))
         self.i = 0
 
     @staticmethod
     def _pad(src: List[np.ndarray], tgt: List[np.ndarray], src_pad: int, tgt_pad: int):
+        """(source ids, source lengths on the CPU, target input, target output), longest source first."""
+        order = sorted(range(len(src)), key=lambda i: -len(src[i]))
+        src, tgt = [src[i] for i in order], [tgt[i] for i in order]
         s_len = torch.tensor([len(s) for s in src])
         t_len = max(len(t) for t in tgt) + 1
         src_t = torch.full((len(src), int(s_len.max())), src_pad, dtype=torch.long)

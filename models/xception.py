@@ -4,8 +4,10 @@ Chollet, "Xception: Deep Learning with Depthwise Separable Convolutions", CVPR 2
 flow (two convolutions, then residual blocks of separable convolutions to 128, 256 and 728 channels, each
 halving the resolution), a middle flow of 8 residual blocks at 728 channels, and an exit flow
 (728 -> 1024 with a stride, then separable convolutions to 1536 and 2048, global average pooling).
-It is not in torchvision. For 32x32 inputs the stem keeps full resolution (stride 1 instead of 2), so the
-four strided stages take 32 to 2. About 20.8M parameters: the paper's ~23M minus the 1000-class head.
+It is not in torchvision. For 32x32 inputs, as in the CIFAR reference weiaicunzai/pytorch-cifar100
+(models/xception.py), the stem keeps full resolution (stride 1 instead of 2) and the 728-channel entry block
+does not downsample, so the entry flow takes 32 to 8, the middle flow runs at 8x8 and the exit flow ends at
+4x4. About 20.8M parameters: the paper's ~23M minus the 1000-class head.
 """
 from __future__ import annotations
 
@@ -62,7 +64,7 @@ class XceptionCIFAR(nn.Module):
         self.entry = nn.Sequential(
             XceptionBlock(64, [128, 128], stride=2, relu_first=False),
             XceptionBlock(128, [256, 256], stride=2),
-            XceptionBlock(256, [728, 728], stride=2),
+            XceptionBlock(256, [728, 728], stride=1),  # 2 in the paper; 1 for 32x32 inputs (the CIFAR reference)
         )
         self.middle = nn.Sequential(*[XceptionBlock(728, [728, 728, 728], stride=1) for _ in range(middle_blocks)])
         self.exit = nn.Sequential(

@@ -1,6 +1,8 @@
 """Where the Hydra configs live, the one place objects are instantiated from config, and job settings."""
 from __future__ import annotations
 
+import importlib
+import inspect
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,11 +36,11 @@ def group_options(group: str) -> List[str]:
 
 
 def instantiate(node: Any, **kwargs: Any) -> Any:
-    """hydra.utils.instantiate restricted to ALLOWED_TARGET_PREFIXES (checked recursively)."""
+    """hydra.utils.instantiate restricted to ALLOWED_TARGET_PREFIXES (`check_targets`, recursively)."""
     from hydra.errors import InstantiationException
     from hydra.utils import instantiate as hydra_instantiate
 
-    _check_targets(node)
+    check_targets(node)
     try:
         return hydra_instantiate(node, **kwargs)
     except InstantiationException as exc:
@@ -51,21 +53,57 @@ def instantiate(node: Any, **kwargs: Any) -> Any:
         raise
 
 
-def _check_targets(node: Any, where: str = "") -> None:
+def check_targets(node: Any, where: str = "") -> None:
+    """Every `_target_` in `node` (a config, recursively) names an allowed callable, or a UsageError says which.
+
+    The dotted name must start with an allowed prefix, and so must the module that defines what it resolves
+    to: `mtbench.sample_cli.os.system` starts with "mtbench." but is os.system (defined in posix).
+    """
     from omegaconf import DictConfig, ListConfig
 
     if isinstance(node, (dict, DictConfig)):
         target = node.get("_target_")
-        if target is not None and not str(target).startswith(ALLOWED_TARGET_PREFIXES):
-            raise UsageError(
-                f"_target_ '{target}'{' at ' + where if where else ''} is not allowed; "
-                f"allowed prefixes: {', '.join(ALLOWED_TARGET_PREFIXES)}"
-            )
+        if target is not None:
+            _check_target(str(target), where)
         for key, value in node.items():
-            _check_targets(value, f"{where}.{key}" if where else str(key))
+            check_targets(value, f"{where}.{key}" if where else str(key))
     elif isinstance(node, (list, ListConfig)):
         for i, value in enumerate(node):
-            _check_targets(value, f"{where}[{i}]")
+            check_targets(value, f"{where}[{i}]")
+
+
+def _check_target(target: str, where: str) -> None:
+    at = f" at {where}" if where else ""
+    allowed = f"allowed: callables defined under {', '.join(ALLOWED_TARGET_PREFIXES)}"
+    if not target.startswith(ALLOWED_TARGET_PREFIXES):
+        raise UsageError(f"_target_ '{target}'{at} is not allowed; {allowed}")
+    obj = _resolve(target, at)
+    defined_in = obj.__name__ if inspect.ismodule(obj) else getattr(obj, "__module__", None)
+    if inspect.ismodule(obj) or not callable(obj) or not (str(defined_in) + ".").startswith(ALLOWED_TARGET_PREFIXES):
+        what = "a module" if inspect.ismodule(obj) else f"{getattr(obj, '__qualname__', type(obj).__name__)} from {defined_in}"
+        raise UsageError(f"_target_ '{target}'{at} is {what}, which is not allowed; {allowed}")
+
+
+def _resolve(target: str, at: str) -> Any:
+    """The object a dotted name names: the longest importable module part, then attributes."""
+    parts = target.split(".")
+    for cut in range(len(parts) - 1, 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:cut]))
+        except ModuleNotFoundError as exc:
+            if exc.name is not None and ".".join(parts[:cut]).startswith(exc.name):
+                continue  # that module part does not exist: try a shorter one
+            raise UsageError(f"_target_ '{target}'{at} cannot be imported ({type(exc).__name__}: {exc})") from None
+        except ImportError as exc:
+            raise UsageError(f"_target_ '{target}'{at} cannot be imported ({type(exc).__name__}: {exc})") from None
+        try:
+            for name in parts[cut:]:
+                obj = getattr(obj, name)
+        except AttributeError:
+            raise UsageError(f"_target_ '{target}'{at} does not exist ({'.'.join(parts[:cut])} has no "
+                             f"'{'.'.join(parts[cut:])}')") from None
+        return obj
+    raise UsageError(f"_target_ '{target}'{at} does not exist (no module {parts[0]!r})")
 
 
 @dataclass(frozen=True)

@@ -46,3 +46,16 @@ def test_env_shapes():
 def test_unknown_game_names_the_choices():
     with pytest.raises(DataError, match="'Nope' is not an ALE game.*Breakout"):
         Atari("Nope").atari_env(seed=0)
+
+
+def test_ale_banner_is_silenced():
+    # ALE writes "[Powered by Stella]" from C++ straight to fd 2: only a child process can catch it
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    code = "from mtbench.data.atari import Atari; env = Atari('Pong').atari_env(seed=0); env.reset(); env.close()"
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "Stella" not in done.stderr and "Arcade Learning Environment" not in done.stderr, done.stderr

@@ -5,6 +5,7 @@ import pickle
 
 import numpy as np
 import pytest
+import torch
 
 from mtbench.data.cifar10 import CIFAR10, TRAIN_FILES, load_train
 from mtbench.errors import DataError
@@ -81,3 +82,48 @@ def test_a_job_trains_on_cifar10_files(run, tmp_path):
     s = run(["model=squeezenet", "batch=4", "data=cifar10", f"data.root={tmp_path / 'data'}"])
     assert s["success"], s["failure"]
     assert s["data"] == f"cifar10:{tmp_path / 'data'}"
+
+
+def test_cifar10_resized_to_image_size(tmp_path):
+    write_cifar(tmp_path, per_batch=2)
+    (x, y), = CIFAR10(str(tmp_path), image_size=64).image_batches(3, 1, (3, 64, 64), 10, seed=0)
+    assert x.shape == (3, 3, 64, 64) and y.shape == (3,)
+    (small, _), = CIFAR10(str(tmp_path)).image_batches(3, 1, (3, 32, 32), 10, seed=0)
+    # bilinear 2x up-sampling keeps each image's mean
+    assert torch.allclose(x.mean(dim=(2, 3)), small.mean(dim=(2, 3)), atol=0.05)
+
+
+def test_synthetic_images_follow_image_size():
+    from mtbench.data import Synthetic
+
+    (x, y), = Synthetic(image_size=224).image_batches(2, 1, (3, 224, 224), 10, seed=0)
+    assert x.shape == (2, 3, 224, 224)
+
+
+@pytest.mark.parametrize("make", ["synthetic", "cifar10"])
+def test_a_model_of_another_size_is_told_which_to_set(tmp_path, make):
+    from mtbench.data import Synthetic
+    from mtbench.errors import UsageError
+
+    write_cifar(tmp_path)
+    source = Synthetic(image_size=224) if make == "synthetic" else CIFAR10(str(tmp_path), image_size=224)
+    with pytest.raises(UsageError, match=r"^data.image_size=224 gives 224x224 images, but this model takes 3x32x32; "
+                                         r"allowed: data.image_size=32$"):
+        source.image_batches(2, 1, (3, 32, 32), 10, seed=0)
+
+
+@pytest.mark.parametrize("value", [0, "big", 1.5])
+def test_bad_image_size_is_one_line(value):
+    from mtbench.data import Synthetic
+    from mtbench.errors import UsageError
+
+    with pytest.raises(UsageError, match=r"^data.image_size="):
+        Synthetic(image_size=value)
+
+
+def test_cnn_summary_records_224_inputs(run):
+    # squeezenet's CIFAR form on 224x224 synthetic images: the input shape follows data.image_size
+    s = run(["model=squeezenet", "batch=1", "data.image_size=224"])
+    assert s["success"], s["failure"]
+    assert s["input_shape"] == [3, 224, 224]
+    assert s["config"]["model"]["workload"]["input_shape"] == [3, 224, 224]

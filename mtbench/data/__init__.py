@@ -58,7 +58,7 @@ class DataSource:
 
     def image_batches(self, batch_size: int, count: int, shape: Sequence[int], num_classes: int,
                       seed: int) -> List[ImageBatch]:
-        raise self._cannot("3x32x32 images", "cifar10")
+        raise self._cannot("images", "cifar10")
 
     def char_corpus(self, min_chars: int, seed: int) -> CharCorpus:
         raise self._cannot("a character corpus", "shakespeare")
@@ -71,6 +71,21 @@ class DataSource:
 
     def atari_env(self, seed: int) -> Any:
         raise self._cannot("an Atari environment", "atari")
+
+
+def check_image_size(image_size: Any) -> int:
+    """data.image_size as a whole number >= 1 (a UsageError naming the value otherwise)."""
+    from mtbench.config import positive_int
+
+    return positive_int("data.image_size", image_size)
+
+
+def check_image_shape(image_size: int, shape: Sequence[int]) -> None:
+    """A source gives image_size x image_size images: a model that asks another size is told which to set."""
+    if len(shape) != 3 or tuple(shape[1:]) != (image_size, image_size):
+        asked = "x".join(str(int(n)) for n in shape)
+        raise UsageError(f"data.image_size={image_size} gives {image_size}x{image_size} images, but this model takes "
+                         f"{asked}; allowed: data.image_size={int(shape[-1])}")
 
 
 class LocalFiles(DataSource):
@@ -94,7 +109,7 @@ class LocalFiles(DataSource):
 class Synthetic(DataSource):
     """Random data shaped like the real sets, made once from a seeded generator.
 
-    Sizes follow the real sets: CIFAR-10 3x32x32 in 10 classes; tiny Shakespeare's 65 characters;
+    Sizes follow the real sets: CIFAR-10 3x32x32 in 10 classes (`image_size` sets the side, e.g. 224); tiny Shakespeare's 65 characters;
     IWSLT15 en-vi's 17,191 / 7,709-word vocabularies and ~20-token sentences (at most 50); SQuAD v1.1's
     ~120-word contexts, ~11-word questions and ~3-word answers; Atari 4x84x84 stacked frames, 6 actions.
     """
@@ -103,13 +118,16 @@ class Synthetic(DataSource):
     gives = "every kind, shaped like the real sets"
 
     def __init__(self, char_vocab: int = 65, src_vocab: int = 17191, tgt_vocab: int = 7709,
-                 word_vocab: int = 50000, mean_sentence: float = 20.0, max_sentence: int = 50) -> None:
+                 word_vocab: int = 50000, mean_sentence: float = 20.0, max_sentence: int = 50,
+                 image_size: int = 32) -> None:
+        self.image_size = check_image_size(image_size)  # images are image_size x image_size
         self.char_vocab = char_vocab
         self.src_vocab, self.tgt_vocab = src_vocab, tgt_vocab
         self.word_vocab = word_vocab
         self.mean_sentence, self.max_sentence = mean_sentence, max_sentence
 
     def image_batches(self, batch_size, count, shape, num_classes, seed):
+        check_image_shape(self.image_size, shape)
         gen = torch.Generator().manual_seed(seed)
         return [
             (torch.randn((batch_size, *shape), generator=gen),

@@ -47,6 +47,10 @@ class AtariGame:
         except ImportError as exc:
             raise UsageError(f"data=atari needs gymnasium, ale-py and opencv-python-headless ({exc}); "
                              "or use data=synthetic") from None
+        # ALE writes its banner ("A.L.E: Arcade Learning Environment ...", "[Powered by Stella]") to stderr
+        # for every env it makes: keep its errors only, so that a job's console shows mtbench's lines
+        if hasattr(ale_py, "LoggerMode"):  # ale-py >= 0.7
+            ale_py.ALEInterface.setLoggerMode(ale_py.LoggerMode.Error)
         gym.register_envs(ale_py)
         try:
             # frameskip=1 here: AtariPreprocessing does the 4-frame skip (with max-pooling of the last two)

@@ -14,7 +14,7 @@ from typing import List
 import numpy as np
 import torch
 
-from mtbench.data import LocalFiles
+from mtbench.data import LocalFiles, check_image_shape, check_image_size
 from mtbench.errors import DataError
 
 TRAIN_FILES = [f"data_batch_{i}" for i in range(1, 6)]
@@ -82,15 +82,17 @@ def load_train(root: str) -> tuple:
 
 class CIFAR10(LocalFiles):
     name = "cifar10"
-    gives = "3x32x32 images"
+    gives = "3x32x32 images (resized to data.image_size)"
     needs = "data.root=DIR (the folder holding cifar-10-batches-py/)"
 
-    def __init__(self, root: str = "") -> None:
+    def __init__(self, root: str = "", image_size: int = 32) -> None:
         super().__init__(root)
+        self.image_size = check_image_size(image_size)  # 32 keeps the images as they are; else bilinear resize
 
     def image_batches(self, batch_size, count, shape, num_classes, seed) -> List:
-        if tuple(shape) != (3, 32, 32) or num_classes != 10:
-            raise DataError(f"data=cifar10 gives 3x32x32 images in 10 classes, not {tuple(shape)} / {num_classes}")
+        check_image_shape(self.image_size, shape)
+        if shape[0] != 3 or num_classes != 10:
+            raise DataError(f"data=cifar10 gives 3-channel images in 10 classes, not {tuple(shape)} / {num_classes}")
         images, labels, _ = load_train(self.location)
         if len(images) == 0:
             raise DataError(f"{self.location}: the CIFAR-10 training batches hold no images")
@@ -98,5 +100,8 @@ class CIFAR10(LocalFiles):
         needed = np.resize(order, batch_size * count)  # cycle when the set is smaller than needed
         x = torch.from_numpy(images[needed]).float().div_(255.0)
         x = (x - torch.tensor(MEAN).view(1, 3, 1, 1)) / torch.tensor(STD).view(1, 3, 1, 1)
+        if self.image_size != 32:  # e.g. ImageNet-shaped 224x224 inputs; made here, before timing
+            x = torch.nn.functional.interpolate(x, size=(self.image_size, self.image_size), mode="bilinear",
+                                                align_corners=False)
         y = torch.from_numpy(labels[needed])
         return list(zip(x.split(batch_size), y.split(batch_size)))
