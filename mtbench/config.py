@@ -11,7 +11,7 @@ from typing import Any, Dict, List
 from mtbench.errors import UsageError
 
 # Config groups whose option a user picks on the command line (`model=vgg19`); each is a folder in conf/.
-GROUPS = ("model", "data", "device", "sampler")
+GROUPS = ("model", "data", "device", "sampler", "target")
 
 # Hydra 1.4 warns about unrestricted `_target_`s: every instantiate goes through `instantiate` below,
 # which accepts only these prefixes. Tests may extend the tuple (monkeypatch) for their fake workloads.

@@ -55,8 +55,26 @@ def print_summary(summary: Dict[str, Any], out_dir: str, compact: bool = False) 
     energy = summary.get("energy_j")
     table.add_row("energy/step", _num(energy.get("per_step_mean"), ".3f", " J") if energy else "not measured on this machine")
     table.add_row("peak memory", f"{fmt_bytes(summary.get('mem_peak_bytes'))} ({summary.get('mem_peak_source')})")
+    table.add_row("memory breakdown", breakdown_line(summary))
+    if summary.get("mem_fragmentation_bytes") is not None:
+        table.add_row("fragmentation", f"{fmt_bytes(summary['mem_fragmentation_bytes'])} (allocator reserved - allocated)")
+    if summary.get("budget_bytes") is not None:
+        table.add_row("target", f"{summary.get('target')}: budget {fmt_bytes(summary['budget_bytes'])} "
+                                f"({summary.get('budget_enforced_by')})")
     table.add_row("results", str(out_dir))
     console.print(table)
+
+
+def breakdown_line(summary: Dict[str, Any]) -> str:
+    """Where the peak went (mem_breakdown_bytes), or why that is unknown."""
+    parts = summary.get("mem_breakdown_bytes")
+    if not parts:
+        reason = (summary.get("unavailable") or {}).get("mem_breakdown_bytes")
+        return f"n/a ({reason})" if reason else "n/a"
+    names = (("parameters", "params"), ("gradients", "grads"), ("optimizer_state", "optimizer"),
+             ("activations", "activations"), ("inputs", "inputs"), ("other", "other"))
+    line = ", ".join(f"{label} {fmt_bytes(parts.get(key))}" for key, label in names)
+    return f"{line} of {fmt_bytes(parts.get('tracked_peak'))} tracked (one extra step)"
 
 
 def print_top_ops(header, rows, top: int = 8) -> None:

@@ -1,9 +1,11 @@
-"""What the result was measured on: versions, host, device name."""
+"""What the result was measured on: versions, host, device name, and on a Jetson the board, L4T, power mode, clocks."""
 from __future__ import annotations
 
+import glob
 import os
 import platform
-from typing import Any, Dict
+import re
+from typing import Any, Dict, List, Optional
 
 
 def cpu_model() -> str:
@@ -35,8 +37,9 @@ def host() -> Dict[str, Any]:
     }
 
 
-def describe(device: Any) -> Dict[str, Any]:
-    """host() plus the torch stack and the training device."""
+def describe(device: Any, root: str = "/") -> Dict[str, Any]:
+    """host() plus the torch stack, the training device and the Jetson board (null elsewhere; `root`: where
+    /proc, /sys and /etc are found, as sampler.sysfs_root)."""
     import hydra
     import torch
     import torchvision
@@ -51,4 +54,105 @@ def describe(device: Any) -> Dict[str, Any]:
     })
     out["device_name"] = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_model()
     out["torch_threads"] = torch.get_num_threads()
+    out["jetson"] = jetson(root)
     return out
+
+
+# (implementer, part) from /proc/cpuinfo -> core type; NVIDIA's own cores have implementer 0x4e
+CPU_PARTS = {
+    ("0x41", "0xd03"): "cortex-a53", ("0x41", "0xd07"): "cortex-a57", ("0x41", "0xd08"): "cortex-a72",
+    ("0x41", "0xd09"): "cortex-a73", ("0x41", "0xd0b"): "cortex-a76", ("0x41", "0xd41"): "cortex-a78",
+    ("0x41", "0xd42"): "cortex-a78ae", ("0x41", "0xd4f"): "neoverse-v2",
+    ("0x4e", "0x003"): "denver2", ("0x4e", "0x004"): "carmel",
+}
+# the GPU's devfreq node: gp10b (TX2), gm20b (Nano: 57000000.gpu), gv11b (Xavier), ga10b (Orin)
+GPU_DEVFREQ = ("gp10b", "gm20b", "gv11b", "ga10b", "gpu")
+# the memory (EMC) clock is in debugfs (root only): L4T r32/r35, then Orin's BPMP
+EMC_RATE_FILES = ("sys/kernel/debug/clk/emc/clk_rate", "sys/kernel/debug/bpmp/debug/clk/emc/rate")
+
+
+def _read(root: str, rel: str) -> Optional[str]:
+    try:
+        with open(os.path.join(root, rel), "rb") as f:
+            return f.read().decode("utf-8", "replace").replace("\x00", "").strip()
+    except OSError:
+        return None
+
+
+def _int(text: Optional[str]) -> Optional[int]:
+    try:
+        return int(text) if text is not None else None
+    except ValueError:
+        return None
+
+
+def jetson(root: str = "/") -> Optional[Dict[str, Any]]:
+    """The Jetson this runs on (None elsewhere); each field None where this user cannot read it."""
+    release = _read(root, "etc/nv_tegra_release")
+    compatible = _read(root, "proc/device-tree/compatible") or ""
+    if release is None and "nvidia,tegra" not in compatible:
+        return None
+    return {
+        "board": _read(root, "proc/device-tree/model"),
+        "l4t": l4t_release(release),
+        "power_mode": power_mode(root),
+        "gpu_freq_hz": gpu_clock(root),
+        "emc_freq_hz": next((v for v in (_int(_read(root, f)) for f in EMC_RATE_FILES) if v is not None), None),
+        "cpu_cores": cpu_cores(root),
+    }
+
+
+def l4t_release(text: Optional[str]) -> Optional[str]:
+    """'# R32 (release), REVISION: 7.1, ...' -> '32.7.1'."""
+    match = re.search(r"R(\d+)\s*\(release\),\s*REVISION:\s*([\d.]+)", text or "")
+    return f"{match.group(1)}.{match.group(2)}" if match else None
+
+
+def power_mode(root: str = "/") -> Optional[Dict[str, Any]]:
+    """nvpmodel's current mode: its id from /var/lib/nvpmodel/status, its name from /etc/nvpmodel.conf."""
+    status = _read(root, "var/lib/nvpmodel/status")
+    match = re.search(r"pmode:(\d+)", status or "")
+    if not match:
+        return None
+    mode_id = int(match.group(1))
+    names = dict((int(i), n) for i, n in re.findall(r"<\s*POWER_MODEL\s+ID=(\d+)\s+NAME=(\S+?)\s*>",
+                                                     _read(root, "etc/nvpmodel.conf") or ""))
+    return {"id": mode_id, "name": names.get(mode_id)}
+
+
+def gpu_clock(root: str = "/") -> Optional[Dict[str, Optional[int]]]:
+    for dev in sorted(glob.glob(os.path.join(root, "sys/class/devfreq/*"))):
+        if any(key in os.path.basename(dev) for key in GPU_DEVFREQ):
+            rel = os.path.relpath(dev, root)
+            return {"cur": _int(_read(root, f"{rel}/cur_freq")), "max": _int(_read(root, f"{rel}/max_freq"))}
+    return None
+
+
+def cpu_cores(root: str = "/") -> List[Dict[str, Any]]:
+    """Each CPU core: index, type (from /proc/cpuinfo), online, current and maximum clock (Hz)."""
+    types: Dict[int, str] = {}
+    index, implementer = None, None
+    for line in (_read(root, "proc/cpuinfo") or "").splitlines():
+        key, _, value = (part.strip() for part in line.partition(":"))
+        if key == "processor":
+            index = _int(value)
+        elif key == "CPU implementer":
+            implementer = value.lower()
+        elif key == "CPU part" and index is not None:
+            part = value.lower()
+            types[index] = CPU_PARTS.get((implementer or "", part), f"{implementer}:{part}")
+    cores = []
+    paths = glob.glob(os.path.join(root, "sys/devices/system/cpu/cpu[0-9]*"))
+    for n in sorted(int(os.path.basename(p)[3:]) for p in paths):
+        rel = f"sys/devices/system/cpu/cpu{n}"
+        online = _read(root, f"{rel}/online")
+        khz_cur = _int(_read(root, f"{rel}/cpufreq/scaling_cur_freq"))
+        khz_max = _int(_read(root, f"{rel}/cpufreq/cpuinfo_max_freq"))
+        cores.append({
+            "cpu": n,
+            "type": types.get(n),  # an offline core is absent from /proc/cpuinfo: None
+            "online": n in types if online is None else online == "1",
+            "cur_freq_hz": None if khz_cur is None else khz_cur * 1000,
+            "max_freq_hz": None if khz_max is None else khz_max * 1000,
+        })
+    return cores

@@ -182,6 +182,48 @@ def fig_memory(groups, out: Path) -> str:
     return _save(fig, out / "memory.png")
 
 
+BREAKDOWN_PARTS = ("parameters", "gradients", "optimizer_state", "activations", "inputs", "other")
+
+
+def fig_memory_breakdown(groups, out: Path) -> str:
+    """Where the peak goes (mem_breakdown_bytes): one panel per model, a stacked bar per batch size."""
+    models = [(m, [j for j in js if j.get("mem_breakdown_bytes")]) for m, js in groups.items()]
+    shown = [(m, js) for m, js in models if js]
+    cols = min(3, max(1, len(shown)))
+    rows = max(1, -(-len(shown) // cols))
+    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols + 1.5, 3.6 * rows), squeeze=False)
+    flat_axes = [a for row in axes for a in row]
+    if not shown:
+        _not_measured(flat_axes[0], "memory breakdown (mem_breakdown_bytes)")
+    for ax, (model, js) in zip(flat_axes, shown):
+        labels = [str(j["batch_size"]) for j in js]
+        bottom = [0.0] * len(js)
+        for k, part in enumerate(BREAKDOWN_PARTS):
+            vals = [(j["mem_breakdown_bytes"].get(part) or 0) / 2**20 for j in js]
+            ax.bar(labels, vals, bottom=bottom, color=f"C{k}", label=part.replace("_", " "))
+            bottom = [b + v for b, v in zip(bottom, vals)]
+        for x, j in enumerate(js):
+            if not j.get("success"):  # e.g. over the target's budget: the breakdown says why
+                kind = (j.get("failure") or {}).get("kind", "failed")
+                ax.annotate(kind.upper(), (x, bottom[x]), ha="center", va="bottom", fontsize=8, color="red")
+        missing = [str(j["batch_size"]) for j in groups[model] if not j.get("mem_breakdown_bytes")]
+        if missing:
+            ax.text(0.01, 0.99, f"no breakdown at batch {', '.join(missing)}", transform=ax.transAxes, fontsize=7,
+                    va="top", color="0.4")
+        ax.set_title(model)
+        ax.set_xlabel("batch size")
+        ax.set_ylabel("MiB at the tracked peak")
+        ax.grid(alpha=0.3, axis="y")
+    for ax in flat_axes[max(1, len(shown)):]:
+        ax.axis("off")
+    if shown:
+        flat_axes[0].legend(fontsize=7, loc="upper left")
+    without = [m for m, js in models if not js]
+    fig.suptitle("where the peak memory goes (one extra unmeasured step, torch MemTracker)"
+                 + (f"\nno breakdown: {', '.join(without)}" if without else ""), fontsize=10)
+    return _save(fig, out / "memory_breakdown.png")
+
+
 def fig_profile(job: Dict[str, Any], root: Path, out: Path, top: int = 12) -> Optional[str]:
     ops_path = root / job["_dir"] / "ops.csv"
     if not ops_path.exists():
@@ -246,6 +288,7 @@ def make_report(root: Path) -> Path:
     groups = by_model(jobs)
     figures = [fig_time(groups, out), fig_utilization(groups, out), fig_power(groups, out),
                fig_energy(groups, out), fig_memory(groups, out)]
+    figures.append(fig_memory_breakdown(groups, out))
     figures += [f for f in (fig_profile(j, root, out) for j in jobs if j.get("profiled")) if f]
     atomic_write(out / "README.md", readme(jobs, figures))
     return out

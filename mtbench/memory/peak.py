@@ -11,12 +11,23 @@ from typing import Any, Dict, Optional
 import torch
 
 _HWM = re.compile(rb"VmHWM:\s+(\d+)\s+kB")
+_RSS = re.compile(rb"VmRSS:\s+(\d+)\s+kB")
 
 
 def _read_hwm_bytes() -> Optional[int]:
     try:
         with open("/proc/self/status", "rb") as f:
             match = _HWM.search(f.read())
+    except OSError:
+        return None
+    return int(match.group(1)) * 1024 if match else None
+
+
+def current_rss_bytes() -> Optional[int]:
+    """The process's resident memory now (None where /proc/self/status is missing)."""
+    try:
+        with open("/proc/self/status", "rb") as f:
+            match = _RSS.search(f.read())
     except OSError:
         return None
     return int(match.group(1)) * 1024 if match else None

@@ -1,0 +1,83 @@
+"""Hold a job to a target board's memory budget: cap the CUDA allocator before the model exists, or check the CPU peak."""
+from __future__ import annotations
+
+from typing import Any, Dict, Optional
+
+import torch
+
+from mtbench.memory.targets import Target
+
+# On CPU the budget is compared with the job's own memory: the process's resident high-water mark over the
+# measured steps (PeakMemory, "mem_peak_bytes") less what the process held before the model was built (torch and
+# its libraries: the runtime that the budget rule already took off the board's memory, see conf/target/tx2.yaml).
+# System RAM in use is not compared: other processes share it here.
+_PEAK_SOURCES = {
+    "process_rss": "the process's resident high-water mark (VmHWM) over the measured steps",
+    "process_ru_maxrss": "the process's lifetime resident peak (ru_maxrss)",
+}
+
+
+def target_from_cfg(cfg: Any) -> Target:
+    """The composed config's target (command-line overrides such as target.memory_budget_bytes=N included)."""
+    node = cfg.get("target") if hasattr(cfg, "get") else None
+    if node is None:
+        return Target.none()
+    from omegaconf import DictConfig, OmegaConf
+
+    if isinstance(node, DictConfig):
+        node = OmegaConf.to_container(node, resolve=True)
+    return Target.from_mapping(node)
+
+
+def apply_budget(target: Target, device: torch.device) -> Dict[str, Any]:
+    """Before the model is built: on CUDA, cap the caching allocator at the budget so an oversized job fails with a
+    real out-of-memory error, as on the board. Returns how the budget is held (for summary.json)."""
+    budget = target.memory_budget_bytes
+    if budget is None:
+        return {"budget_bytes": None, "budget_enforced_by": None}
+    if device.type != "cuda":
+        return {"budget_bytes": budget, "budget_enforced_by": "peak_check"}
+    total = torch.cuda.get_device_properties(device).total_memory
+    if budget >= total:
+        # nothing to emulate: this GPU runs out before the board would; an OOM here is the GPU's own
+        return {"budget_bytes": budget, "budget_enforced_by": None,
+                "budget_note": f"the GPU has {total} bytes, not more than the budget: not capped"}
+    # the fraction caps what the allocator may reserve; the CUDA context is outside it, as the budget excludes it
+    torch.cuda.set_per_process_memory_fraction(budget / total, device)
+    return {"budget_bytes": budget, "budget_enforced_by": "cuda_memory_fraction"}
+
+
+def release_budget(device: torch.device) -> None:
+    """Lift the cap (a process that runs several jobs, as the tests do)."""
+    if device.type == "cuda":
+        torch.cuda.set_per_process_memory_fraction(1.0, device)
+
+
+def compared_bytes(mem: Dict[str, Any], runtime_bytes: Optional[int]) -> Optional[int]:
+    """The figure held against the budget on CPU: the peak less the runtime (the raw peak when that is unknown)."""
+    peak = mem.get("mem_peak_bytes")
+    if peak is None:
+        return None
+    return int(peak) - int(runtime_bytes or 0)
+
+
+def budget_failure(target: Target, mem: Dict[str, Any], enforced_by: Optional[str],
+                   runtime_bytes: Optional[int] = None) -> Optional[Dict[str, str]]:
+    """After the job (CPU): failure {"kind": "budget", ...} when its memory exceeds the budget, else None."""
+    budget = target.memory_budget_bytes
+    compared = compared_bytes(mem, runtime_bytes)
+    if budget is None or enforced_by != "peak_check" or compared is None or compared <= budget:
+        return None
+    peak = int(mem["mem_peak_bytes"])
+    which = _PEAK_SOURCES.get(str(mem.get("mem_peak_source")), str(mem.get("mem_peak_source")))
+    held = (f" less {_gib(runtime_bytes)} held before the model was built (the runtime) = {_gib(compared)}"
+            if runtime_bytes else "")
+    return {
+        "kind": "budget",
+        "message": (f"peak {_gib(peak)} ({which}){held} exceeds target {target.name}'s budget {_gib(budget)} "
+                    f"by {_gib(compared - budget)} ({compared} > {budget} bytes)"),
+    }
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB"

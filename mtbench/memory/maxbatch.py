@@ -1,0 +1,245 @@
+"""`mtbench maxbatch model=X target=tx2`: the largest batch that trains within the budget (doubling, then bisection)."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional
+
+from mtbench.errors import UsageError
+
+SCHEMA = "mtbench.maxbatch/1"
+# what makes a probe "does not fit": the allocator's OOM (CUDA, or a real MemoryError), the budget check on CPU,
+# and the kernel's OOM killer (the job's process died)
+DOES_NOT_FIT = ("oom", "budget", "killed")
+PROBE = ["warmup=1", "steps=1"]  # a short real job: one warm-up step (grads, optimizer state), one measured
+
+
+@dataclass
+class Probe:
+    batch: int
+    fits: bool
+    kind: Optional[str]  # failure kind, None when it fits
+    message: Optional[str]
+    peak_bytes: Optional[int]
+    seconds: float
+
+
+@dataclass
+class Search:
+    model: str
+    max_batch: int = 0  # 0: not even the first batch fits
+    first_failing_batch: Optional[int] = None  # the smallest probed batch that did not fit (None: limit reached)
+    limit_reached: bool = False
+    error: Optional[str] = None  # a probe failed for another reason than memory: the search stopped
+    probes: List[Probe] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def probe_at(self, batch: int) -> Optional[Probe]:
+        return next((p for p in self.probes if p.batch == batch), None)
+
+
+def search(fits_at: Callable[[int], Probe], start: int = 1, limit: int = 4096, tolerance: float = 0.05,
+           model: str = "") -> Search:
+    """Double from `start` until a probe does not fit (or `limit`), then bisect until the gap between the largest
+    batch that fits and the smallest that does not is within `tolerance` of the former (or 1)."""
+    result = Search(model=model)
+    began = time.monotonic()
+
+    def probe(batch: int) -> Optional[bool]:
+        p = fits_at(batch)
+        result.probes.append(p)
+        if not p.fits and p.kind not in DOES_NOT_FIT:
+            result.error = f"batch {batch}: {p.kind}: {p.message}"
+            return None
+        return p.fits
+
+    batch = start
+    while True:
+        ok = probe(batch)
+        if ok is None:
+            break
+        if not ok:
+            result.first_failing_batch = batch
+            break
+        result.max_batch = batch
+        if batch >= limit:
+            result.limit_reached = True
+            break
+        batch = min(2 * batch, limit)
+    lo, hi = result.max_batch, result.first_failing_batch
+    while result.error is None and lo >= 1 and hi is not None and hi - lo > max(1, tolerance * lo):
+        mid = (lo + hi) // 2
+        ok = probe(mid)
+        if ok is None:
+            break
+        if ok:
+            lo = result.max_batch = mid
+        else:
+            hi = result.first_failing_batch = mid
+    result.seconds = time.monotonic() - began
+    return result
+
+
+def _probe_from_summary(batch: int, summary: Optional[Dict[str, Any]], seconds: float, why_missing: str) -> Probe:
+    if summary is None:
+        return Probe(batch, False, "killed", why_missing, None, seconds)
+    failure = summary.get("failure") or {}
+    return Probe(batch, bool(summary.get("success")), failure.get("kind"), failure.get("message"),
+                 summary.get("mem_peak_bytes"), seconds)
+
+
+def probe_in_subprocess(overrides: List[str], batch: int, out_dir: Path) -> Probe:
+    """One probe as `python -m mtbench ...` in a process of its own."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "mtbench", *overrides, f"batch={batch}", *PROBE, f"hydra.run.dir={out_dir}"]
+    began = time.monotonic()
+    with open(out_dir / "probe.log", "w") as log:
+        proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ))
+    seconds = time.monotonic() - began
+    summary_path = out_dir / "summary.json"
+    summary = json.loads(summary_path.read_text()) if summary_path.is_file() else None
+    if summary is None and proc.returncode == 2:
+        lines = (out_dir / "probe.log").read_text().strip().splitlines()
+        raise UsageError(lines[-1].replace("mtbench: error: ", "", 1) if lines else "bad arguments")
+    return _probe_from_summary(batch, summary, seconds, f"the job's process ended with {proc.returncode} "
+                                                        "and wrote no summary")
+
+
+def probe_isolated(overrides: List[str], batch: int, out_dir: Path) -> Probe:
+    """One probe through the runner's run_isolated (a forked child per job), composing the config here."""
+    from hydra import compose, initialize_config_dir
+
+    from mtbench import config, runner
+
+    with initialize_config_dir(config_dir=str(config.conf_dir()), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=[*overrides, f"batch={batch}", *PROBE])
+    began = time.monotonic()
+    summary = runner.run_isolated(cfg, out_dir)  # type: ignore[attr-defined]
+    return _probe_from_summary(batch, summary, time.monotonic() - began, "the job wrote no summary")
+
+
+def default_prober() -> Callable[[List[str], int, Path], Probe]:
+    from mtbench import runner
+
+    return probe_isolated if hasattr(runner, "run_isolated") else probe_in_subprocess
+
+
+def _models(overrides: List[str], multirun: bool) -> List[str]:
+    models = [o.split("=", 1)[1] for o in overrides if o.startswith("model=")]
+    if not models:
+        return ["vgg19"]  # conf/config.yaml's default
+    names = [m.strip() for m in models[-1].split(",")]
+    if len(names) > 1 and not multirun:
+        raise UsageError(f"model={models[-1]} lists several models; add -m to search each of them")
+    return names
+
+
+def _parse(argv: List[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="mtbench maxbatch",
+        description="The largest batch that trains within a target's memory budget: doubling, then bisection; "
+                    "each probe a short real job (1 warm-up step, 1 measured) in its own process.")
+    parser.add_argument("-m", "--multirun", action="store_true", help="search each model of model=a,b,c")
+    parser.add_argument("--start", type=int, default=1, help="first batch probed (default 1)")
+    parser.add_argument("--limit", type=int, default=4096, help="largest batch probed (default 4096)")
+    parser.add_argument("--tolerance", type=float, default=0.05,
+                        help="stop bisecting when the gap is within this fraction of the largest fit (default 0.05)")
+    parser.add_argument("--out", default=None, help="folder for maxbatch.json and the probes' job folders "
+                                                    "(default maxbatch/<date>/<time>)")
+    parser.add_argument("overrides", nargs="*", help="key=value, as for a job (model=..., target=..., device=...)")
+    args = parser.parse_args(argv)
+    if args.start < 1 or args.limit < args.start:
+        raise UsageError(f"--start={args.start} --limit={args.limit}: allowed: 1 <= start <= limit")
+    if not 0 < args.tolerance < 1:
+        raise UsageError(f"--tolerance={args.tolerance} is out of range; allowed: a number between 0 and 1")
+    for key in ("batch", "warmup", "steps"):
+        if any(o.split("=", 1)[0] == key for o in args.overrides):
+            raise UsageError(f"{key}= is set by maxbatch itself (each probe: batch=<searched> {' '.join(PROBE)})")
+    return args
+
+
+def main(argv: Optional[List[str]] = None, prober: Optional[Callable[[List[str], int, Path], Probe]] = None) -> int:
+    """`mtbench maxbatch [-m] model=X target=T [key=value ...]`: prints a table, writes maxbatch.json; exit code 0."""
+    try:
+        args = _parse(list(sys.argv[1:] if argv is None else argv))
+        from mtbench.cli import check_overrides
+
+        check_overrides(args.overrides)
+        models = _models(args.overrides, args.multirun)
+        fixed = [o for o in args.overrides if not o.startswith("model=")]
+        target = next((o.split("=", 1)[1] for o in fixed if o.startswith("target=")), "none")
+        if target == "none":
+            raise UsageError("maxbatch needs a target with a budget; allowed: target=tx2, nano, xavier_nx, "
+                             "agx_xavier, orin_nano, orin_nx, agx_orin (or a GPU's own memory: target=none is "
+                             "not searched)")
+        out = Path(args.out or Path("maxbatch") / datetime.now().strftime("%Y-%m-%d/%H-%M-%S"))
+        prober = prober or default_prober()
+        results = []
+        for model in models:
+            print(f"maxbatch: {model} with {' '.join(fixed)}", flush=True)
+            overrides = [f"model={model}", *fixed]
+
+            def fits_at(batch: int, overrides: List[str] = overrides, model: str = model) -> Probe:
+                p = prober(overrides, batch, out / model / f"b{batch}")
+                verdict = "fits" if p.fits else f"does not fit ({p.kind})"
+                print(f"    batch {batch}: {verdict}, {p.seconds:.0f} s", flush=True)
+                return p
+
+            results.append(search(fits_at, args.start, args.limit, args.tolerance, model=model))
+    except UsageError as exc:
+        print(f"mtbench: error: {exc}", file=sys.stderr)
+        return 2
+    write(out, results, fixed, target, args)
+    print_table(results, target)
+    print(f"results in {out / 'maxbatch.json'}")
+    return 1 if any(r.error for r in results) else 0
+
+
+def write(out: Path, results: List[Search], fixed: List[str], target: str, args: argparse.Namespace) -> None:
+    from mtbench.memory.targets import load_target
+
+    out.mkdir(parents=True, exist_ok=True)
+    doc = {
+        "schema": SCHEMA,
+        "target": target,
+        "budget_bytes": load_target(target).memory_budget_bytes,
+        "overrides": fixed,
+        "start": args.start, "limit": args.limit, "tolerance": args.tolerance,
+        "models": [asdict(r) for r in results],
+    }
+    tmp = out / "maxbatch.json.tmp"
+    tmp.write_text(json.dumps(doc, indent=2) + "\n")
+    tmp.replace(out / "maxbatch.json")
+
+
+def print_table(results: List[Search], target: str) -> None:
+    from rich.table import Table
+
+    from mtbench.console import console, fmt_bytes
+
+    table = Table(title=f"largest batch that trains within target {target}'s budget")
+    for h in ("model", "max batch", "does not fit at", "peak at max", "probes", "time"):
+        table.add_column(h, justify="left" if h == "model" else "right")
+    for r in results:
+        at_max = r.probe_at(r.max_batch)
+        failing = r.probe_at(r.first_failing_batch) if r.first_failing_batch else None
+        table.add_row(
+            r.model,
+            ("error" if r.error and not r.max_batch else f">= {r.max_batch}" if r.limit_reached else str(r.max_batch)),
+            f"{r.first_failing_batch} ({failing.kind})" if failing else ("n/a" if not r.error else r.error[:40]),
+            fmt_bytes(at_max.peak_bytes) if at_max else "n/a",
+            str(len(r.probes)),
+            f"{r.seconds:.0f} s",
+        )
+    console.print(table)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

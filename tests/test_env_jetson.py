@@ -1,0 +1,102 @@
+"""env records the Jetson board, L4T release, power mode, clocks and core types from fake trees; null elsewhere."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
+
+import torch
+
+from mtbench import env
+
+TX2_RELEASE = "# R32 (release), REVISION: 7.1, GCID: 29818004, BOARD: t186ref, EABI: aarch64, DATE: Sat Feb 19 17:05:08 UTC 2022\n"
+TX2_NVPMODEL = """< PARAM TYPE=FILE NAME=CPU_ONLINE >
+CORE_0 /sys/devices/system/cpu/cpu0/online
+< POWER_MODEL ID=0 NAME=MAXN >
+CPU_ONLINE CORE_0 1
+< POWER_MODEL ID=1 NAME=MAXQ >
+CPU_ONLINE CORE_1 0
+< POWER_MODEL ID=3 NAME=MAXP_CORE_ARM >
+< PM_CONFIG DEFAULT=3 >
+"""
+
+
+def _cpuinfo(parts: List[Optional[tuple]]) -> str:
+    blocks = []
+    for i, part in enumerate(parts):
+        if part is None:  # offline: the kernel leaves it out
+            continue
+        implementer, number = part
+        blocks.append(f"processor\t: {i}\nBogoMIPS\t: 62.50\nCPU implementer\t: {implementer}\n"
+                      f"CPU architecture: 8\nCPU variant\t: 0x1\nCPU part\t: {number}\nCPU revision\t: 3\n")
+    return "\n".join(blocks)
+
+
+def make_jetson(root: Path, model: str, release: str, parts: List[Optional[tuple]], gpu: str,
+                khz: int, nvpmodel: Optional[tuple] = None, emc_rel: Optional[str] = None) -> None:
+    def put(rel: str, text: str) -> None:
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+
+    put("proc/device-tree/model", model + "\x00")
+    put("proc/device-tree/compatible", "nvidia,p3310-1000+p2597-0000-a00\x00nvidia,tegra186\x00")
+    put("etc/nv_tegra_release", release)
+    put("proc/cpuinfo", _cpuinfo(parts))
+    for i, part in enumerate(parts):
+        put(f"sys/devices/system/cpu/cpu{i}/online", "1\n" if part else "0\n")
+        if part:
+            put(f"sys/devices/system/cpu/cpu{i}/cpufreq/scaling_cur_freq", f"{khz}\n")
+            put(f"sys/devices/system/cpu/cpu{i}/cpufreq/cpuinfo_max_freq", f"{khz}\n")
+    put(f"sys/class/devfreq/{gpu}/cur_freq", "1300500000\n")
+    put(f"sys/class/devfreq/{gpu}/max_freq", "1300500000\n")
+    put("sys/class/devfreq/3d00000.pcie/cur_freq", "1\n")  # not the GPU
+    if nvpmodel:
+        put("var/lib/nvpmodel/status", nvpmodel[0])
+        put("etc/nvpmodel.conf", nvpmodel[1])
+    if emc_rel:
+        put(emc_rel, "1866000000\n")
+
+
+A57, DENVER2, A78AE = ("0x41", "0xd07"), ("0x4e", "0x003"), ("0x41", "0xd42")
+
+
+def test_tx2_board_release_power_mode_clocks_and_core_types(tmp_path):
+    make_jetson(tmp_path, "quill", TX2_RELEASE, [A57, DENVER2, DENVER2, A57, A57, A57], "17000000.gp10b", 2035200,
+                nvpmodel=("pmode:0000\n", TX2_NVPMODEL), emc_rel="sys/kernel/debug/clk/emc/clk_rate")
+    info = env.jetson(str(tmp_path))
+    assert info["board"] == "quill"
+    assert info["l4t"] == "32.7.1"
+    assert info["power_mode"] == {"id": 0, "name": "MAXN"}
+    assert info["gpu_freq_hz"] == {"cur": 1300500000, "max": 1300500000}
+    assert info["emc_freq_hz"] == 1866000000
+    assert [c["type"] for c in info["cpu_cores"]] == ["cortex-a57", "denver2", "denver2"] + ["cortex-a57"] * 3
+    assert all(c["online"] and c["cur_freq_hz"] == 2035200000 for c in info["cpu_cores"])
+
+
+def test_tx2_with_denver_cores_off_and_no_root_access(tmp_path):
+    # power mode 3 turns the Denver2 cores off; without root, debugfs (EMC) is unreadable
+    make_jetson(tmp_path, "quill", TX2_RELEASE, [A57, None, None, A57, A57, A57], "17000000.gp10b", 1420800,
+                nvpmodel=("pmode:0003\n", TX2_NVPMODEL))
+    info = env.jetson(str(tmp_path))
+    assert info["power_mode"] == {"id": 3, "name": "MAXP_CORE_ARM"}
+    assert info["emc_freq_hz"] is None
+    offline = [c for c in info["cpu_cores"] if not c["online"]]
+    assert [c["cpu"] for c in offline] == [1, 2] and all(c["type"] is None for c in offline)
+
+
+def test_orin_without_nvpmodel_files(tmp_path):
+    release = "# R36 (release), REVISION: 4.3, GCID: 38968081, BOARD: generic, EABI: aarch64, DATE: Wed Jan  8 01:49:37 UTC 2025\n"
+    make_jetson(tmp_path, "NVIDIA Jetson Orin Nano Engineering Reference Developer Kit Super", release,
+                [A78AE] * 6, "17000000.ga10b", 1728000, emc_rel="sys/kernel/debug/bpmp/debug/clk/emc/rate")
+    info = env.jetson(str(tmp_path))
+    assert info["board"].startswith("NVIDIA Jetson Orin Nano") and info["l4t"] == "36.4.3"
+    assert info["power_mode"] is None
+    assert info["emc_freq_hz"] == 1866000000
+    assert {c["type"] for c in info["cpu_cores"]} == {"cortex-a78ae"}
+
+
+def test_not_a_jetson_is_null(tmp_path):
+    (tmp_path / "proc").mkdir()
+    (tmp_path / "proc/cpuinfo").write_text("processor\t: 0\nmodel name\t: Intel(R) Xeon(R)\n")
+    assert env.jetson(str(tmp_path)) is None
+    assert env.describe(torch.device("cpu"), root=str(tmp_path))["jetson"] is None

@@ -1,0 +1,90 @@
+"""Budgets: the CUDA allocator is capped before the model exists; on CPU an over-budget peak is a "budget" failure."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from mtbench.memory import budget
+from mtbench.memory.targets import Target, load_target
+from tests.conftest import compose_cfg
+
+CPU = torch.device("cpu")
+
+
+def test_target_from_cfg_takes_command_line_overrides():
+    assert budget.target_from_cfg(compose_cfg([])) == Target.none()
+    t = budget.target_from_cfg(compose_cfg(["target=tx2", "target.memory_budget_bytes=12345"]))
+    assert t.name == "tx2" and t.memory_budget_bytes == 12345
+
+
+def test_no_target_no_budget():
+    assert budget.apply_budget(Target.none(), CPU) == {"budget_bytes": None, "budget_enforced_by": None}
+    assert budget.budget_failure(Target.none(), {"mem_peak_bytes": 10**12}, None) is None
+
+
+def test_cpu_peak_over_the_budget_is_a_budget_failure_with_the_figures():
+    nano = load_target("nano")
+    held = budget.apply_budget(nano, CPU)
+    assert held == {"budget_bytes": 1610612736, "budget_enforced_by": "peak_check"}
+    mem = {"mem_peak_bytes": 2 * 2**30, "mem_peak_source": "process_rss"}
+    failure = budget.budget_failure(nano, mem, held["budget_enforced_by"])
+    assert failure["kind"] == "budget"
+    assert failure["message"].startswith("peak 2.00 GiB (the process's resident high-water mark (VmHWM)")
+    assert "exceeds target nano's budget 1.50 GiB by 0.50 GiB (2147483648 > 1610612736 bytes)" in failure["message"]
+
+
+def test_the_runtime_held_before_the_model_is_taken_off_the_peak():
+    nano = load_target("nano")
+    mem = {"mem_peak_bytes": 2 * 2**30, "mem_peak_source": "process_rss"}
+    # 2 GiB peak, 0.75 GiB of it torch and its libraries before the model existed: 1.25 GiB fits in 1.5 GiB
+    assert budget.compared_bytes(mem, 3 * 2**28) == 2 * 2**30 - 3 * 2**28
+    assert budget.budget_failure(nano, mem, "peak_check", runtime_bytes=3 * 2**28) is None
+    failure = budget.budget_failure(nano, mem, "peak_check", runtime_bytes=2**28)
+    assert ("peak 2.00 GiB (the process's resident high-water mark (VmHWM) over the measured steps) less 0.25 GiB "
+            "held before the model was built (the runtime) = 1.75 GiB exceeds target nano's budget 1.50 GiB by "
+            "0.25 GiB") in failure["message"]
+
+
+def test_current_rss_grows_with_a_touched_buffer_and_stays_below_the_high_water_mark():
+    from mtbench.memory import current_rss_bytes
+    from mtbench.memory.peak import _read_hwm_bytes
+
+    before = current_rss_bytes()
+    buffer = torch.ones(64 * 2**20, dtype=torch.uint8)  # 64 MiB, every page written
+    after = current_rss_bytes()
+    assert after - before >= 60 * 2**20
+    assert after <= _read_hwm_bytes()
+    del buffer
+
+
+def test_cuda_cap_is_the_budget_over_the_gpu_memory(monkeypatch):
+    calls = []
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d: SimpleNamespace(total_memory=16 * 2**30))
+    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", lambda f, d: calls.append((f, d)))
+    gpu = torch.device("cuda", 0)
+    held = budget.apply_budget(load_target("tx2"), gpu)
+    assert held == {"budget_bytes": 5905580032, "budget_enforced_by": "cuda_memory_fraction"}
+    assert calls == [(5905580032 / (16 * 2**30), gpu)]
+    # a GPU smaller than the board's budget is left alone, and the summary says so
+    held = budget.apply_budget(load_target("agx_orin"), gpu)
+    assert held["budget_enforced_by"] is None and "not capped" in held["budget_note"]
+    assert len(calls) == 1
+    # where the allocator enforces it, there is nothing to check afterwards
+    assert budget.budget_failure(load_target("tx2"), {"mem_peak_bytes": 10**12}, "cuda_memory_fraction") is None
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_cap_gives_a_real_out_of_memory_error():
+    gpu = torch.device("cuda", 0)
+    tiny = Target.from_mapping({**Target.none().to_dict(), "name": "tiny", "memory_budget_bytes": 256 * 2**20,
+                                "memory_total_bytes": 512 * 2**20})
+    try:
+        assert budget.apply_budget(tiny, gpu)["budget_enforced_by"] == "cuda_memory_fraction"
+        torch.empty(64 * 2**20, dtype=torch.uint8, device=gpu)  # fits
+        with pytest.raises(torch.cuda.OutOfMemoryError):
+            torch.empty(512 * 2**20, dtype=torch.uint8, device=gpu)
+    finally:
+        budget.release_budget(gpu)
+        torch.cuda.empty_cache()

@@ -1,0 +1,97 @@
+"""maxbatch: doubling then bisection to within 5 %, failures that mean "does not fit", the table and maxbatch.json."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import List
+
+import pytest
+
+from mtbench.memory import maxbatch
+from mtbench.memory.maxbatch import Probe, search
+
+
+def fake_board(capacity: int, kind: str = "budget", calls: List[int] = None):
+    """A batch fits while it is <= capacity; above, the job fails with `kind`."""
+
+    def fits_at(batch: int) -> Probe:
+        if calls is not None:
+            calls.append(batch)
+        ok = batch <= capacity
+        return Probe(batch, ok, None if ok else kind, None if ok else "over", 1000 * batch, 0.0)
+
+    return fits_at
+
+
+@pytest.mark.parametrize("capacity", [1, 2, 3, 37, 100, 129, 1000])
+def test_search_finds_the_largest_batch_within_5_percent(capacity):
+    calls: List[int] = []
+    r = search(fake_board(capacity, calls=calls))
+    assert r.max_batch <= capacity < r.first_failing_batch
+    assert r.first_failing_batch - r.max_batch <= max(1, 0.05 * r.max_batch)
+    assert r.probe_at(r.max_batch).fits and not r.probe_at(r.first_failing_batch).fits
+    assert calls[: capacity.bit_length() + 1] == [2**i for i in range(capacity.bit_length() + 1)]  # doubling first
+    assert len(calls) == len(set(calls))  # no batch probed twice
+
+
+@pytest.mark.parametrize("kind", ["oom", "budget", "killed"])
+def test_oom_budget_and_killed_all_mean_does_not_fit(kind):
+    r = search(fake_board(10, kind=kind))
+    assert r.error is None and 9 <= r.max_batch <= 10
+
+
+def test_another_error_stops_the_search_and_says_why():
+    r = search(fake_board(10, kind="error"))
+    assert r.max_batch == 8 and r.error == "batch 16: error: over"
+
+
+def test_nothing_fits_and_the_limit():
+    assert search(fake_board(0)).max_batch == 0
+    r = search(fake_board(10**6), limit=100)
+    assert r.max_batch == 100 and r.limit_reached and r.first_failing_batch is None
+
+
+def test_main_runs_each_model_prints_a_table_and_writes_maxbatch_json(tmp_path, capsys):
+    capacities = {"alexnet": 40, "squeezenet": 300}
+    seen = []
+
+    def prober(overrides, batch, out_dir: Path) -> Probe:
+        seen.append((tuple(overrides), out_dir))
+        model = overrides[0].split("=", 1)[1]
+        return fake_board(capacities[model])(batch)
+
+    code = maxbatch.main(["-m", "model=alexnet,squeezenet", "target=nano", "device=cpu", "--out", str(tmp_path)],
+                         prober=prober)
+    assert code == 0
+    doc = json.loads((tmp_path / "maxbatch.json").read_text())
+    assert doc["schema"] == "mtbench.maxbatch/1" and doc["target"] == "nano" and doc["budget_bytes"] == 1610612736
+    found = {m["model"]: m["max_batch"] for m in doc["models"]}
+    assert 38 <= found["alexnet"] <= 40 and 286 <= found["squeezenet"] <= 300
+    assert all(o[1:] == ("target=nano", "device=cpu") for o, _ in seen)
+    assert seen[0][1] == tmp_path / "alexnet" / "b1"
+    out = capsys.readouterr().out
+    assert "largest batch that trains within target nano's budget" in out and "squeezenet" in out
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["model=alexnet,vgg16", "target=nano"], "lists several models; add -m"),
+    (["model=alexnet", "target=nano", "batch=4"], "batch= is set by maxbatch itself"),
+    (["model=alexnet"], "maxbatch needs a target with a budget"),
+    (["model=alexnet", "target=tx3"], "target='tx3' is not known"),
+    (["model=alexnet", "target=nano", "--limit", "0"], "allowed: 1 <= start <= limit"),
+])
+def test_bad_input_is_one_line_and_exit_2(args, needle, tmp_path, capsys):
+    assert maxbatch.main(args + ["--out", str(tmp_path)], prober=lambda *a: pytest.fail("probed")) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("mtbench: error: ") and needle in err and len(err.splitlines()) == 1
+
+
+def test_a_real_probe_in_its_own_process(tmp_path):
+    # squeezenet is small; a tiny budget makes batch 2 not fit, batch 1 ... also not: both are real jobs
+    overrides = ["model=squeezenet", "device=cpu", "target=nano"]
+    p = maxbatch.default_prober()(overrides, 2, tmp_path / "b2")
+    assert p.fits and p.kind is None and p.peak_bytes > 0
+    summary = json.loads((tmp_path / "b2" / "summary.json").read_text())
+    assert summary["batch_size"] == 2 and summary["measured_steps"] == 1 and summary["warmup_steps"] == 1
+    p = maxbatch.default_prober()(overrides + ["target.memory_budget_bytes=1000000"], 2, tmp_path / "b2small")
+    assert not p.fits and p.kind == "budget" and "exceeds target nano's budget" in p.message
