@@ -1,0 +1,113 @@
+"""Fit a device's time and runtime-memory model from a sweep's summaries; store and find it per target and device."""
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence
+
+import numpy as np
+
+SCHEMA = "mtbench.calibration/1"
+# Where calibrations live: $MTBENCH_CALIBRATION_DIR, else ~/.cache/mtbench/calibration/<target>-<device>.json
+ENV_DIR = "MTBENCH_CALIBRATION_DIR"
+
+# The time model: step_s = c0 + c1 * x_flops + c2 * x_bytes + c3 * ops, all c >= 0, where x_flops is FLOPs /
+# the target's peak FLOP/s and x_bytes is bytes moved / its DRAM bandwidth (a roofline whose two terms are
+# scaled by fitted inverse efficiencies), or the raw FLOPs and bytes where the target gives no peak figures
+# (the host CPU, target=none). c0 is per-step overhead, c3 the cost of one op (dispatch, kernel launch).
+TIME_FEATURES = ("overhead_s", "flops", "bytes", "ops")
+
+
+def calibration_dir() -> Path:
+    env = os.environ.get(ENV_DIR)
+    return Path(env) if env else Path.home() / ".cache" / "mtbench" / "calibration"
+
+
+def calibration_key(target: str, device_type: str) -> str:
+    return f"{target}-{device_type}"
+
+
+@dataclass
+class Calibration:
+    """What `mtbench calibrate` fitted for one target and device type."""
+
+    key: str  # "<target>-<device type>", e.g. "none-cpu", "orin_nano-cuda"
+    target: str
+    device_type: str  # "cpu" | "cuda"
+    device_name: str  # the CPU or GPU the sweep ran on (env.device_name)
+    source: str  # the sweep folder
+    runs: int  # summaries used
+    created: str  # when (UTC, ISO 8601)
+    time_coef: Optional[List[float]] = None  # TIME_FEATURES' coefficients; None: no time fit
+    time_scaled: bool = False  # x_flops / x_bytes scaled by the target's peaks (else raw FLOPs and bytes)
+    time_fit_mape_pct: Optional[float] = None  # on the runs it was fitted on
+    runtime_bytes: Optional[int] = None  # training memory that is not tensors (median over the runs)
+    runtime_spread_bytes: Optional[List[int]] = None  # min and max of that residual over the runs
+    runtime_note: str = ""  # what the runtime part holds, or why it was not fitted
+    schema: str = SCHEMA
+    runs_used: List[str] = field(default_factory=list)  # "<model> b<batch>" of each run
+
+    def describe(self) -> str:
+        return f"calibrated on {self.runs} runs of {self.source} ({self.device_name}, {self.created[:10]})"
+
+    def efficiencies(self) -> Dict[str, Optional[float]]:
+        """The fitted fraction of peak FLOP/s and bandwidth (only where scaled by a target's peaks)."""
+        if not self.time_scaled or self.time_coef is None:
+            return {"flops": None, "bandwidth": None}
+        c = self.time_coef
+        return {"flops": 1.0 / c[1] if c[1] > 0 else None, "bandwidth": 1.0 / c[2] if c[2] > 0 else None}
+
+
+def save(cal: Calibration, path: Optional[Path] = None) -> Path:
+    path = Path(path) if path is not None else calibration_dir() / f"{cal.key}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(asdict(cal), indent=2))
+    tmp.replace(path)
+    return path
+
+
+def load(key: str, path: Optional[Path] = None) -> Optional[Calibration]:
+    """The stored calibration for `key` (or the file `path`); None when there is none."""
+    path = Path(path) if path is not None else calibration_dir() / f"{key}.json"
+    if not path.is_file():
+        return None
+    data = json.loads(path.read_text())
+    if data.get("schema") != SCHEMA:
+        return None
+    return Calibration(**{k: v for k, v in data.items() if k in Calibration.__dataclass_fields__})
+
+
+def time_features(flops: float, bytes_moved: float, ops: float, peak_flops: Optional[float],
+                  bandwidth: Optional[float]) -> np.ndarray:
+    scaled = peak_flops is not None and bandwidth is not None
+    return np.array([1.0, flops / peak_flops if scaled else flops, bytes_moved / bandwidth if scaled else bytes_moved,
+                     float(ops)])
+
+
+def fit_nonnegative(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Least squares of y ~ x @ c with c >= 0, relative to y (each run counts by its percentage error).
+
+    An active set: fit, drop the most negative coefficient, refit, until none is negative (a handful of
+    features: at most that many rounds).
+    """
+    w = 1.0 / np.maximum(y, 1e-12)
+    xs = x / np.maximum(np.abs(x).max(axis=0), 1e-300)  # columns of comparable size
+    active = list(range(x.shape[1]))
+    coef = np.zeros(x.shape[1])
+    while active:
+        sol, *_ = np.linalg.lstsq(xs[:, active] * w[:, None], y * w, rcond=None)
+        if (sol >= 0).all():
+            coef[:] = 0
+            coef[active] = sol
+            break
+        active.pop(int(np.argmin(sol)))
+    return coef / np.maximum(np.abs(x).max(axis=0), 1e-300)
+
+
+def mape_pct(pred: Sequence[float], meas: Sequence[float]) -> float:
+    p, m = np.asarray(pred, float), np.asarray(meas, float)
+    return float(np.mean(np.abs(p - m) / m) * 100.0)

@@ -1,0 +1,202 @@
+"""`mtbench predict` (one job or `-m` lists, a table, predict.json / predict.csv) and `mtbench calibrate DIR`."""
+from __future__ import annotations
+
+import csv
+import io
+import sys
+import time
+from pathlib import Path
+from typing import Dict, List, Optional, Tuple
+
+from mtbench.errors import UsageError
+
+PREDICT_USAGE = ("mtbench predict model=NAME batch=N [target=T] [device=cpu|cuda|auto] [max_batch=true|false] "
+                 "[calibration=FILE] [out=DIR] [other overrides]   (-m: comma lists of models and batches)")
+CALIBRATE_USAGE = ("mtbench calibrate DIR [target=T] [out=FILE] "
+                   "[overrides the sweep ran with, e.g. model.workload.seq_len=128]")
+_OWN_KEYS = ("model", "batch", "target", "device", "max_batch", "calibration", "out")
+
+
+def _fail(message: str) -> int:
+    print(f"mtbench: error: {message}", file=sys.stderr)
+    return 2
+
+
+def _parse(argv: List[str], usage: str) -> Tuple[bool, Dict[str, str], List[str], List[str]]:
+    """(sweep?, our key=value settings, other overrides for the config, positional arguments)."""
+    sweep, own, rest, positional = False, {}, [], []
+    for arg in argv:
+        if arg in ("-m", "--multirun"):
+            sweep = True
+        elif arg in ("-h", "--help"):
+            raise UsageError(f"usage: {usage}")
+        elif "=" in arg:
+            key, value = arg.split("=", 1)
+            if key in _OWN_KEYS:
+                own[key] = value
+            else:
+                rest.append(arg)
+        else:
+            positional.append(arg)
+    return sweep, own, rest, positional
+
+
+def _batches(text: str, sweep: bool) -> List[int]:
+    from mtbench.config import positive_int
+
+    values = text.split(",")
+    if len(values) > 1 and not sweep:
+        raise UsageError(f"batch={text!r} is a list; a list needs -m (mtbench predict -m ...)")
+    return [positive_int("batch", v) for v in values]
+
+
+def _bool(key: str, text: str) -> bool:
+    if text.lower() not in ("true", "false"):
+        raise UsageError(f"{key}={text!r} is not known; allowed: true, false")
+    return text.lower() == "true"
+
+
+def main_predict(argv: Optional[List[str]] = None) -> int:
+    """`mtbench predict ...`; returns the exit status (0, or 2 after a one-line error)."""
+    from mtbench.predict import require_torch
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    try:
+        require_torch()
+        sweep, own, rest, positional = _parse(args, PREDICT_USAGE)
+        if positional:
+            raise UsageError(f"{positional[0]!r} is not key=value; usage: {PREDICT_USAGE}")
+        if "model" not in own or "batch" not in own:
+            raise UsageError(f"model= and batch= are required; usage: {PREDICT_USAGE}")
+        models = own["model"].split(",")
+        if len(models) > 1 and not sweep:
+            raise UsageError(f"model={own['model']!r} is a list; a list needs -m (mtbench predict -m ...)")
+        batches = _batches(own["batch"], sweep)
+        want_max = _bool("max_batch", own.get("max_batch", "true"))
+        from mtbench.config import group_options
+
+        target = own.get("target", "none")
+        if target not in group_options("target"):
+            raise UsageError(f"target={target!r} is not known; allowed: {', '.join(group_options('target'))}")
+        for m in models:
+            if m not in group_options("model"):
+                raise UsageError(f"model={m!r} is not known; allowed: {', '.join(group_options('model'))}")
+        from mtbench.predict.predictor import Predictor
+
+        predictor = Predictor(target_name=target, device=own.get("device", "auto"), overrides=tuple(rest),
+                              calibration_path=own.get("calibration"))
+        out_dir = Path(own.get("out") or Path("outputs") / "predict" / time.strftime("%Y-%m-%d_%H-%M-%S"))
+    except UsageError as exc:
+        return _fail(str(exc))
+    rows = run_predictions(predictor, models, batches, want_max)
+    print_table(rows, predictor)
+    write(rows, out_dir)
+    print(f"predictions written to {out_dir}/predict.json and predict.csv")
+    return 0
+
+
+def run_predictions(predictor, models: List[str], batches: List[int], want_max: bool) -> list:
+    from mtbench.predict.predictor import failed
+
+    rows = []
+    for model in models:
+        best = None
+        for batch in batches:
+            try:
+                row = predictor.predict(model, batch)
+            except UsageError:
+                raise
+            except Exception as exc:  # one model the predictor cannot trace: its rows say why, the rest go on
+                row = failed(model, batch, predictor.target.name, predictor.device, exc)
+            rows.append(row)
+        if want_max and predictor.target.memory_budget_bytes is not None and rows[-1].error is None:
+            try:
+                anchor = max(r.batch_size for r in rows if r.model == model and r.error is None)
+                best, note = predictor.max_batch(model, anchor)
+            except Exception as exc:
+                best, note = None, f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            for row in rows:
+                if row.model == model:
+                    row.max_batch, row.max_batch_note = best, note
+    return rows
+
+
+def _mib(n) -> str:
+    return "n/a" if n is None else f"{n / 2**20:,.0f}"
+
+
+def print_table(rows: list, predictor) -> None:
+    from rich.table import Table
+
+    from mtbench.console import console
+
+    t = predictor.target
+    title = (f"mtbench predict: target {t.name} ({predictor.device}"
+             + (f", budget {_mib(t.memory_budget_bytes)} MiB" if t.memory_budget_bytes else "") + ")")
+    table = Table(title=title)
+    for col in ("model", "batch", "peak MiB", "tensors", "runtime", "params", "grads", "opt", "acts", "inputs",
+                "other", "GFLOP/step", "step s", "fits", "max batch"):
+        table.add_column(col, justify="left" if col == "model" else "right")
+    for r in rows:
+        if r.error:
+            table.add_row(r.model, str(r.batch_size), f"[red]{r.error[:70]}[/red]", *[""] * 12)
+            continue
+        b = r.breakdown_bytes
+        table.add_row(
+            r.model, str(r.batch_size), _mib(r.peak_bytes), _mib(r.tensors_bytes), _mib(r.runtime_bytes),
+            _mib(b.get("parameters")), _mib(b.get("gradients")), _mib(b.get("optimizer_state")),
+            _mib(b.get("activations")), _mib(b.get("inputs")), _mib(b.get("other")), f"{r.flops / 1e9:,.1f}",
+            "n/a" if r.step_time_s is None else f"{r.step_time_s:.3g}{'' if r.calibrated else '*'}",
+            "" if r.fits is None else ("yes" if r.fits else "[red]no[/red]"),
+            "" if r.max_batch is None else str(r.max_batch))
+    console.print(table)
+    ok = [r for r in rows if not r.error]
+    if ok:
+        r = ok[0]
+        console.print(f"tensors: traced on {r.traced}" + ("; CUDA caching allocator modelled (512-byte blocks, "
+                      "2/20 MiB segments): peak = reserved segments + runtime" if r.device == "cuda" else ""))
+        console.print(f"runtime: {r.runtime_note}")
+        console.print(f"step time: {r.time_note}" + ("" if r.calibrated else "  (* not calibrated)"))
+
+
+CSV_COLUMNS = ("model", "batch_size", "target", "device", "peak_bytes", "tensors_bytes", "allocator_reserved_bytes",
+               "runtime_bytes", "parameters", "gradients", "optimizer_state", "activations", "inputs", "other",
+               "budget_bytes", "fits", "flops", "forward_flops", "bytes_moved", "ops", "roofline_s", "step_time_s",
+               "calibrated", "max_batch", "traced", "error")
+
+
+def write(rows: list, out_dir: Path) -> None:
+    from mtbench.predict.predictor import dumps
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "predict.json").write_text(dumps(rows))
+    buf = io.StringIO()
+    w = csv.writer(buf)
+    w.writerow(CSV_COLUMNS)
+    for r in rows:
+        d = r.to_dict()
+        d.update(r.breakdown_bytes or {})
+        w.writerow(["" if d.get(c) is None else d.get(c) for c in CSV_COLUMNS])
+    (out_dir / "predict.csv").write_text(buf.getvalue())
+
+
+def main_calibrate(argv: Optional[List[str]] = None) -> int:
+    """`mtbench calibrate DIR [target=T] [out=FILE]`; returns the exit status."""
+    from mtbench.predict import require_torch
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    try:
+        require_torch()
+        _, own, rest, positional = _parse(args, CALIBRATE_USAGE)
+        if len(positional) != 1:
+            raise UsageError(f"one sweep folder is needed; usage: {CALIBRATE_USAGE}")
+        from mtbench.predict.fit import calibrate
+
+        cal, path, report = calibrate(Path(positional[0]), target=own.get("target"), out=own.get("out"),
+                                      overrides=tuple(rest))
+    except UsageError as exc:
+        return _fail(str(exc))
+    for line in report:
+        print(line)
+    print(f"calibration for {cal.key} written to {path}")
+    return 0

@@ -1,0 +1,119 @@
+"""`mtbench calibrate DIR`: trace every job of a sweep, fit the time model and the runtime memory, store them."""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple
+
+import numpy as np
+
+from mtbench.errors import UsageError
+from mtbench.predict import calibration
+from mtbench.predict.calibration import Calibration
+
+
+def read_summaries(folder: Path) -> List[Dict[str, Any]]:
+    """Successful jobs' summary.json under `folder` (a sweep or one run), in a stable order."""
+    if not folder.is_dir():
+        raise UsageError(f"{folder} is not a folder; allowed: a run or sweep folder holding summary.json files")
+    out = []
+    for path in sorted(folder.rglob("summary.json")):
+        try:
+            s = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if s.get("success") and (s.get("step_time_s") or {}).get("median"):
+            s["_path"] = str(path)
+            out.append(s)
+    if not out:
+        raise UsageError(f"{folder} holds no summary.json of a successful job; run a sweep there first")
+    return out
+
+
+def measured_training_bytes(s: Dict[str, Any]) -> Optional[int]:
+    """The job's training memory: on CPU the peak less the resident memory before the model was built
+    (mem_runtime_bytes), on CUDA the allocator's peak; None where the summary lacks it."""
+    peak = s.get("mem_peak_bytes")
+    if peak is None:
+        return None
+    if s.get("mem_peak_source") == "cuda_allocator":
+        return int(peak)
+    before = s.get("mem_runtime_bytes")
+    if s.get("mem_peak_source") != "process_rss" or before is None:
+        return None
+    return int(peak) - int(before)
+
+
+def calibrate(folder: Path, target: Optional[str] = None, out: Optional[str] = None,
+              summaries: Optional[List[Dict[str, Any]]] = None,
+              overrides: Tuple[str, ...] = (), predictor: Any = None) -> Tuple[Calibration, Path, List[str]]:
+    """Fit and store the calibration of the sweep in `folder` (or of the given summaries).
+
+    Each job is traced as `model=<its model> batch=<its batch>` plus `overrides` (the config overrides the
+    sweep ran with, other than model and batch). A given `predictor` (its traces cached) is used as is."""
+    from mtbench.predict.predictor import Predictor
+
+    runs = summaries if summaries is not None else read_summaries(folder)
+    types = sorted({str(s.get("device", "cpu")).split(":")[0] for s in runs})
+    if len(types) != 1:
+        raise UsageError(f"{folder} mixes devices {', '.join(types)}; calibrate one device's sweep at a time")
+    device = types[0]
+    targets = sorted({str(s.get("target") or "none") for s in runs})
+    if target is None:
+        if len(targets) != 1:
+            raise UsageError(f"{folder} mixes targets {', '.join(targets)}; say which with target=T")
+        target = targets[0]
+    if predictor is None:
+        predictor = Predictor(target_name=target, device=device, overrides=tuple(overrides))
+    predictor.calibration = None  # fit from the traces alone
+    t = predictor.target
+    scaled = device == "cuda" and t.peak_fp32_flops is not None and t.dram_bandwidth_bytes_per_s is not None
+    x, y, residuals, used, report = [], [], [], [], []
+    for s in runs:
+        model, batch = str(s["model"]), int(s["batch_size"])
+        try:
+            p = predictor.predict(model, batch)
+        except Exception as exc:  # a model the predictor cannot trace: calibrate on the others
+            report.append(f"skipped {model} b{batch}: {type(exc).__name__}: {str(exc).splitlines()[0][:120]}")
+            continue
+        x.append(calibration.time_features(p.flops, p.bytes_moved, p.ops, t.peak_fp32_flops if scaled else None,
+                                           t.dram_bandwidth_bytes_per_s if scaled else None))
+        y.append(float(s["step_time_s"]["median"]))
+        measured = measured_training_bytes(s)
+        if measured is not None:
+            residuals.append(measured - p.tensors_bytes)
+        used.append(f"{model} b{batch}")
+    if not used:
+        raise UsageError(f"no job of {folder} could be traced; see the lines above")
+    xa, ya = np.array(x), np.array(y)
+    coef = calibration.fit_nonnegative(xa, ya) if len(used) >= 2 else None
+    fit_mape = calibration.mape_pct(xa @ coef, ya) if coef is not None else None
+    names = {str(s.get("env", {}).get("device_name")) for s in runs}
+    cal = Calibration(
+        key=calibration.calibration_key(target, device), target=target, device_type=device,
+        device_name=", ".join(sorted(names)), source=str(folder), runs=len(used),
+        created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        time_coef=None if coef is None else [float(c) for c in coef], time_scaled=scaled,
+        time_fit_mape_pct=fit_mape, runs_used=used,
+    )
+    if residuals:
+        cal.runtime_bytes = int(np.median(residuals))
+        cal.runtime_spread_bytes = [int(min(residuals)), int(max(residuals))]
+        cal.runtime_note = ("measured training memory less traced tensors, median over the runs: " +
+                            ("oneDNN scratch, allocator arenas, threads" if device == "cpu" else
+                             "allocations outside the traced ops (cuDNN workspace)"))
+    else:
+        cal.runtime_note = "not fitted: the summaries lack the memory before the model was built (mem_runtime_bytes)"
+    report.append(f"{len(used)} runs of {cal.device_name} ({device}, target {target})")
+    if coef is not None:
+        terms = ", ".join(f"{n}={c:.3g}" for n, c in zip(calibration.TIME_FEATURES, coef))
+        report.append(f"time: step_s = {terms}; fit MAPE {fit_mape:.1f} %")
+        eff = cal.efficiencies()
+        if scaled:
+            report.append(f"efficiency: {eff['flops']} of peak FLOP/s, {eff['bandwidth']} of DRAM bandwidth")
+    if cal.runtime_bytes is not None:
+        report.append(f"runtime memory: {cal.runtime_bytes / 2**20:.1f} MiB "
+                      f"(from {cal.runtime_spread_bytes[0] / 2**20:.1f} to {cal.runtime_spread_bytes[1] / 2**20:.1f})")
+    path = calibration.save(cal, Path(out) if out else None)
+    return cal, path, report

@@ -1,0 +1,260 @@
+"""Predict one job (model, batch, target): peak memory split into tensors and runtime, FLOPs, step time, max batch."""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+from mtbench.errors import UsageError
+from mtbench.predict import allocator, calibration
+from mtbench.predict.trace import StepTrace, breakdown, trace_step
+
+# Training memory that is not tensors, where no calibration says otherwise. CPU: oneDNN scratch, glibc arenas,
+# thread stacks; measured here (x86, torch 2.14) at 55-71 MB over a step's tensor peak (issue 10). CUDA: the
+# cuDNN workspace and what else is allocated outside the traced ops is unknown without a calibration: 0, said so.
+DEFAULT_RUNTIME_BYTES = {"cpu": 64 << 20, "cuda": 0}
+DEFAULT_RUNTIME_NOTE = {
+    "cpu": "assumed 64 MiB (oneDNN scratch, allocator arenas, threads; 55-71 MB measured on x86 with torch 2.14): "
+           "not calibrated for this device",
+    "cuda": "not calibrated: cuDNN workspace unknown, counted as 0 (the CUDA context is outside the target's "
+            "budget, as its budget rule says)",
+}
+MAX_BATCH_LIMIT = 1 << 16  # the bisection's upper end
+
+
+@dataclass
+class Prediction:
+    model: str
+    batch_size: int
+    target: str  # conf/target name ("none": this host)
+    device: str  # the device the job would train on: "cpu" or "cuda"
+    traced: str  # how the step was traced (fake tensors, or real ones and why)
+    tensors_bytes: int  # peak of live tensors (on CUDA rounded as the caching allocator does: max_memory_allocated)
+    breakdown_bytes: Dict[str, int]  # tensors_bytes by part (sums to it)
+    allocator_reserved_bytes: Optional[int]  # CUDA: the allocator model's reserved peak (segments); None on CPU
+    runtime_bytes: int  # training memory that is not tensors (see runtime_note)
+    runtime_note: str
+    peak_bytes: int  # what the job needs: tensors (or the reserved segments on CUDA) + runtime
+    budget_bytes: Optional[int]  # the target's budget (None: no target)
+    fits: Optional[bool]  # peak_bytes <= budget_bytes
+    flops: int  # FLOPs of one training step
+    forward_flops: int
+    bytes_moved: int  # input + output bytes of every op of the step (a DRAM-traffic proxy)
+    ops: int
+    roofline_s: Optional[float]  # max(FLOPs / peak, bytes / bandwidth) from the target's figures
+    step_time_s: Optional[float]  # predicted step time (None: no calibration and no roofline)
+    time_note: str  # calibrated from what, or why not
+    calibrated: bool  # the step time comes from a calibration of this target and device
+    trace_s: float  # how long the prediction's trace took
+    max_batch: Optional[int] = None  # the largest batch whose peak fits the budget (when asked)
+    max_batch_note: str = ""
+    error: Optional[str] = None  # why there is no prediction for this job
+
+    def to_dict(self) -> Dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Predictor:
+    """Predicts jobs for one target; traces are cached per (model, batch, overrides)."""
+
+    target_name: str = "none"
+    device: str = "auto"  # target=none: "cpu", "cuda" or "auto" (cuda when this host has one); boards: cuda
+    overrides: Sequence[str] = ()  # further config overrides (model.workload.seq_len=128, target.memory_budget_bytes=N)
+    calibration_path: Optional[str] = None  # a calibration file instead of the stored one for this target and device
+    _traces: Dict[Tuple[str, int], Tuple[StepTrace, str]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        from mtbench.memory.budget import target_from_cfg
+
+        cfg = self.compose(None, 1, [o for o in self.overrides if o.startswith("target.")])
+        self.target = target_from_cfg(cfg)
+        if self.target.is_none:
+            if self.device == "auto":
+                self.device = "cuda" if torch.cuda.is_available() else "cpu"
+            elif self.device not in ("cpu", "cuda"):
+                raise UsageError(f"device={self.device!r} is not known; allowed: cpu, cuda, auto")
+        else:
+            self.device = "cuda"  # a Jetson trains on its GPU
+        key = calibration.calibration_key(self.target.name, self.device)
+        self.calibration = calibration.load(key, self.calibration_path)
+
+    def compose(self, model: Optional[str], batch: int, extra: Optional[Sequence[str]] = None) -> Any:
+        from hydra import compose, initialize_config_dir
+        from hydra.errors import HydraException
+
+        from mtbench.config import conf_dir, group_options
+
+        extra = self.overrides if extra is None else extra
+        overrides = [f"target={self.target_name}", f"batch={batch}", "data=synthetic", *extra]
+        if model is not None:
+            if model not in group_options("model"):
+                raise UsageError(f"model={model!r} is not known; allowed: {', '.join(group_options('model'))}")
+            overrides.insert(0, f"model={model}")
+        with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
+            try:
+                return compose(config_name="config", overrides=overrides)
+            except HydraException as exc:
+                raise UsageError(str(exc).splitlines()[0]) from None
+
+    def trace(self, model: str, batch: int) -> Tuple[StepTrace, str]:
+        """The step's trace and how it was made, cached."""
+        key = (model, batch)
+        if key not in self._traces:
+            self._traces[key] = self._trace(model, batch)
+        return self._traces[key]
+
+    def _trace(self, model: str, batch: int) -> Tuple[StepTrace, str]:
+        from mtbench.config import instantiate
+        from mtbench.runner import MAX_PREPARED_BATCHES
+        from mtbench.workload import SetupContext
+
+        cfg = self.compose(model, batch)
+        # a GPU target is traced on the CPU where this host has no GPU (the autograd engine needs a real
+        # device for CUDA fake tensors); the CUDA allocator's rounding is applied afterwards
+        trace_device = torch.device("cuda" if self.device == "cuda" and torch.cuda.is_available() else "cpu")
+        # the runner prepares `batches` input batches and holds them all; one is traced (making inputs on fake
+        # tensors is slow: BERT pads each example with its own ops) and the others are added as inputs
+        batches = min(MAX_PREPARED_BATCHES, int(cfg.warmup) + int(cfg.steps))
+        ctx = SetupContext(device=trace_device, batch_size=batch, data=instantiate(cfg.data), seed=int(cfg.seed),
+                           batches=1)
+
+        def make() -> Any:
+            torch.manual_seed(int(cfg.seed))
+            return instantiate(cfg.model.workload)
+
+        try:
+            trace = trace_step(make, ctx, cuda_optimizers=self.device == "cuda")
+            return _with_batches(trace, batches), f"fake tensors on {trace_device.type}"
+        except UsageError:
+            raise
+        except Exception as exc:  # a kernel that needs values fake tensors lack: trace real tensors instead
+            why = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
+        cpu_ctx = SetupContext(device=torch.device("cpu"), batch_size=batch, data=ctx.data, seed=ctx.seed,
+                               batches=1)
+        trace = trace_step(make, cpu_ctx, fake=False, cuda_optimizers=self.device == "cuda")
+        return (_with_batches(trace, batches),
+                f"real tensors on cpu (allocates; on fake tensors: {why})")
+
+    def predict(self, model: str, batch: int) -> Prediction:
+        trace, traced = self.trace(model, batch)
+        if self.device == "cuda":
+            peaks = allocator.replay(trace.events)
+            tensors = peaks.allocated_bytes
+            parts = breakdown(peaks.breakdown_bytes, trace.inputs_bytes, trace.state_bytes)
+            parts["other"] += tensors - sum(parts.values())  # storage the replay saw on no tracked kind
+            reserved: Optional[int] = peaks.reserved_bytes
+        else:
+            tensors, parts, reserved = trace.peak_tensor_bytes, dict(trace.breakdown_bytes), None
+        runtime, runtime_note = self._runtime()
+        peak = (reserved if reserved is not None else tensors) + runtime
+        budget = self.target.memory_budget_bytes
+        step_s, roofline_s, time_note = self._time(trace)
+        return Prediction(
+            model=model, batch_size=batch, target=self.target.name, device=self.device, traced=traced,
+            tensors_bytes=int(tensors), breakdown_bytes={k: int(v) for k, v in parts.items()},
+            allocator_reserved_bytes=reserved, runtime_bytes=int(runtime), runtime_note=runtime_note,
+            peak_bytes=int(peak), budget_bytes=budget, fits=None if budget is None else peak <= budget,
+            flops=trace.flops, forward_flops=trace.forward_flops, bytes_moved=trace.bytes_moved, ops=trace.ops,
+            roofline_s=roofline_s, step_time_s=step_s, time_note=time_note,
+            calibrated=step_s is not None and self.calibration is not None and self.calibration.time_coef is not None,
+            trace_s=trace.trace_s,
+        )
+
+    def _runtime(self) -> Tuple[int, str]:
+        cal = self.calibration
+        if cal is not None and cal.runtime_bytes is not None:
+            return cal.runtime_bytes, f"{cal.runtime_note}; {cal.describe()}"
+        return DEFAULT_RUNTIME_BYTES[self.device], DEFAULT_RUNTIME_NOTE[self.device]
+
+    def _time(self, trace: StepTrace) -> Tuple[Optional[float], Optional[float], str]:
+        peak_flops, bandwidth = self.target.peak_fp32_flops, self.target.dram_bandwidth_bytes_per_s
+        roofline = None
+        if peak_flops and bandwidth:
+            roofline = max(trace.flops / peak_flops, trace.bytes_moved / bandwidth)
+        cal = self.calibration
+        if cal is not None and cal.time_coef is not None:
+            if cal.time_scaled and not (peak_flops and bandwidth):
+                return None, roofline, f"the calibration is scaled by peak figures target {self.target.name} lacks"
+            scale = (peak_flops, bandwidth) if cal.time_scaled else (None, None)
+            x = calibration.time_features(trace.flops, trace.bytes_moved, trace.ops, *scale)
+            return float(x @ cal.time_coef), roofline, cal.describe()
+        if roofline is not None:
+            return roofline, roofline, ("not calibrated: the roofline of the target's peak FP32 FLOP/s and DRAM "
+                                        "bandwidth, a lower bound (run `mtbench calibrate DIR` on a sweep of the "
+                                        "board)")
+        return None, None, ("not calibrated, and target none has no peak figures: run a sweep here and "
+                            "`mtbench calibrate DIR`")
+
+    def max_batch(self, model: str, anchor: int) -> Tuple[Optional[int], str]:
+        """The largest batch whose predicted peak fits the target's budget, by bisection on the predictor.
+
+        `anchor` is a batch known to trace. Memory grows about linearly with the batch, so two traces give a
+        first guess; the guess is then bracketed (a batch that fits, one that does not) and bisected, so the
+        answer is a batch the predictor says fits and whose successor it says does not.
+        """
+        budget = self.target.memory_budget_bytes
+        if budget is None:
+            return None, "target none has no memory budget"
+
+        def fits(batch: int) -> bool:
+            return bool(self.predict(model, batch).fits)
+
+        if fits(anchor):
+            lo = anchor
+            p1, p2 = self.predict(model, anchor).peak_bytes, self.predict(model, 2 * anchor).peak_bytes
+            per_sample = max((p2 - p1) / anchor, 1.0)
+            guess = min(MAX_BATCH_LIMIT, anchor + int((budget - p1) / per_sample))
+            if guess > lo and fits(guess):
+                lo = guess
+            hi = max(lo + 1, guess if guess > lo else 2 * anchor)
+            while hi <= MAX_BATCH_LIMIT and fits(hi):  # widen until a batch does not fit
+                lo, hi = hi, hi + max(1, hi // 8)
+            if hi > MAX_BATCH_LIMIT:
+                return lo, f"fits up to the search limit {MAX_BATCH_LIMIT}"
+        else:
+            lo, hi = 0, anchor
+        # lo fits (or is 0), hi does not; stop within 1 % (the answer stays a batch that fits)
+        while hi - lo > max(1, lo // 100):
+            mid = (lo + hi) // 2
+            try:
+                ok = fits(mid)
+            except Exception:  # a batch the workload itself refuses (batch norm needs 2 samples): not a fit
+                ok = False
+            if ok:
+                lo = mid
+            else:
+                hi = mid
+        if lo == 0:
+            return 0, f"no batch up to {anchor} fits the budget"
+        return lo, f"batch {hi} does not fit: {self.predict(model, hi).peak_bytes} > {budget} bytes"
+
+
+def _with_batches(trace: StepTrace, batches: int) -> StepTrace:
+    """The trace of a workload that holds `batches` prepared input batches, from one traced with a single one."""
+    extra = (batches - 1) * trace.inputs_bytes
+    if extra <= 0:
+        return trace
+    trace.inputs_bytes += extra
+    trace.breakdown_bytes["inputs"] += extra
+    trace.peak_tensor_bytes += extra
+    # held before the step, all the time: allocated first
+    trace.events = [(-1 - i, trace.inputs_bytes // batches, "Other") for i in range(batches - 1)] + trace.events
+    return trace
+
+
+def failed(model: str, batch: int, target: str, device: str, exc: BaseException) -> Prediction:
+    """A row that says why a job could not be predicted (every figure None, never a made-up 0)."""
+    msg = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    none: Any = None
+    return Prediction(model=model, batch_size=batch, target=target, device=device, traced="", tensors_bytes=none,
+                      breakdown_bytes={}, allocator_reserved_bytes=None, runtime_bytes=none, runtime_note="",
+                      peak_bytes=none, budget_bytes=None, fits=None, flops=none, forward_flops=none,
+                      bytes_moved=none, ops=none, roofline_s=None, step_time_s=None, time_note="", calibrated=False,
+                      trace_s=0.0, error=msg)
+
+
+def dumps(predictions: List[Prediction]) -> str:
+    return json.dumps([p.to_dict() for p in predictions], indent=2, default=str)

@@ -1,0 +1,459 @@
+"""Trace one training step of a workload on fake tensors: tensor memory by kind, FLOPs, bytes moved, ops."""
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, Iterator, List, Tuple
+
+import torch
+from torch.utils.weak import WeakIdKeyDictionary
+
+from mtbench.memory.breakdown import PARTS as BREAKDOWN_KEYS  # the measured breakdown's keys: ours too
+from mtbench.workload import SetupContext, Workload
+
+
+@dataclass
+class StepTrace:
+    """What one traced training step (the second: optimizer state exists, gradients of the first are alive) needs."""
+
+    device: str  # the device traced on, e.g. "cpu" or "cuda"
+    fake: bool  # traced on fake tensors (nothing allocated) or on real ones
+    peak_tensor_bytes: int  # peak of live tensor storage during the step (before any allocator rounding)
+    breakdown_bytes: Dict[str, int]  # BREAKDOWN_KEYS at that peak; sums to peak_tensor_bytes
+    inputs_bytes: int  # tensors the workload holds between steps that are neither parameters nor optimizer state
+    state_bytes: int  # the optimizers' state tensors
+    flops: int  # FLOPs of the step (torch.utils.flop_counter formulas), forward + backward + optimizer
+    forward_flops: int  # of which outside autograd's backward
+    bytes_moved: int  # sum over ops of input + output tensor bytes (views excluded): a DRAM-traffic proxy
+    ops: int  # aten ops run (views excluded): a kernel-launch / dispatch count
+    # (storage key, bytes | -1 freed | -2 changed kind, kind) in order: what the allocator model replays
+    events: List[Tuple[int, int, str]] = field(default_factory=list)
+    trace_s: float = 0.0  # wall time the trace took
+
+
+def _walk_state(obj: Any, seen: set, depth: int = 0) -> Iterator[Any]:
+    """Modules, optimizers and tensors a workload holds, found through its attributes (lists, dicts too)."""
+    if id(obj) in seen or depth > 4:
+        return
+    seen.add(id(obj))
+    if isinstance(obj, (torch.Tensor, torch.nn.Module, torch.optim.Optimizer)):
+        yield obj
+        return
+    if isinstance(obj, dict):
+        for v in obj.values():
+            yield from _walk_state(v, seen, depth + 1)
+    elif isinstance(obj, (list, tuple)):
+        for v in obj:
+            yield from _walk_state(v, seen, depth + 1)
+    elif depth == 0 or (hasattr(obj, "__dict__") and type(obj).__module__.split(".")[0] in ("models", "mtbench")):
+        for v in vars(obj).values():
+            yield from _walk_state(v, seen, depth + 1)
+
+
+SMALL_NUMEL = 4096  # tensors up to this many elements also carry real values (lengths, step counters, targets)
+
+
+class _StepCounter(torch.utils._python_dispatch.TorchDispatchMode):
+    """Counts ops and bytes moved, splits FLOPs into forward and backward, and gives small tensors real values.
+
+    Sits above FlopCounterMode, so the FLOPs an op adds are read as the counter's total before and after it.
+    A fake tensor has no values, but a workload may read some (`int(lengths.max())` to pad a batch, Adam's
+    step counter, an action picked with `.item()`): every op whose tensor inputs all have known values and
+    whose outputs are small is also run for real on the CPU, and a value read from a fake tensor comes from
+    there. A value nothing can give (it depends on a large fake tensor, e.g. a network's output) reads as 0:
+    memory and FLOPs do not depend on it, only control flow that branches on it would.
+    """
+
+    def __init__(self, flop_counter: Any, fake_mode: Any) -> None:
+        super().__init__()
+        self.flop_counter = flop_counter
+        self.fake_mode = fake_mode
+        self.ops = 0
+        self.bytes_moved = 0
+        self.forward_flops = 0
+        self.values = WeakIdKeyDictionary()  # fake tensor -> real CPU tensor with its values
+
+    def value_of(self, t: Any) -> Any:
+        """The real tensor behind `t` (itself when it is real), or None when unknown."""
+        from torch._subclasses.fake_tensor import FakeTensor
+
+        if not isinstance(t, torch.Tensor):
+            return t
+        if not isinstance(t, FakeTensor):
+            return t if t.device.type != "meta" else None
+        return self.values.get(t)
+
+    def forget(self, t: Any) -> None:
+        self.values.pop(t, None)
+
+    def _remember(self, fake: Any, real: Any) -> None:
+        if isinstance(fake, torch.Tensor) and isinstance(real, torch.Tensor) and fake.numel() <= SMALL_NUMEL:
+            self.values[fake] = real
+
+    def _run_real(self, func: Any, args: Any, kwargs: Any, zeros_for_unknown: bool = False) -> Any:
+        """func on the real values of its inputs, on the CPU; None when an input has no known value
+        (with zeros_for_unknown, such an input is zeros of its shape instead)."""
+        from torch.utils._python_dispatch import _disable_current_modes
+
+        flat, spec = torch.utils._pytree.tree_flatten((args, kwargs))
+        real = []
+        for x in flat:
+            if isinstance(x, torch.Tensor):
+                v = self.value_of(x) if x.numel() <= SMALL_NUMEL else None
+                if v is None and zeros_for_unknown:
+                    with _disable_current_modes():
+                        v = torch.zeros(x.shape, dtype=x.dtype)
+                if v is None:
+                    return None
+                real.append(v)
+            elif isinstance(x, torch.device):
+                real.append(torch.device("cpu"))
+            else:
+                real.append(x)
+        r_args, r_kwargs = torch.utils._pytree.tree_unflatten(real, spec)
+        if "device" in r_kwargs:
+            r_kwargs["device"] = torch.device("cpu")
+        try:
+            with _disable_current_modes():
+                return (func(*r_args, **r_kwargs),)
+        except Exception:  # an op the CPU cannot run on these values: its outputs stay value-less
+            return None
+
+    def _dynamic_shape(self, func: Any, args: Any, kwargs: Any) -> Any:
+        from torch._subclasses.fake_tensor import DynamicOutputShapeException
+
+        devices = [t.device for t in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+        real = self._run_real(func, args, kwargs, zeros_for_unknown=True)
+        if real is None:
+            raise DynamicOutputShapeException(func)
+        device = devices[0] if devices else torch.device("cpu")
+        converter = self.fake_mode.fake_tensor_converter
+
+        def fake(r: Any) -> Any:
+            if not isinstance(r, torch.Tensor):
+                return r
+            if r.numel() <= SMALL_NUMEL and r.dtype == torch.int64:
+                return r  # small index tensors (packed batch sizes) stay real: kernels read their values
+            return converter.from_meta_and_device(self.fake_mode, r.to("meta"), device)
+
+        return torch.utils._pytree.tree_map(fake, real[0])
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
+
+        kwargs = kwargs or {}
+        before = self.flop_counter.get_total_flops()
+        try:
+            out = func(*args, **kwargs)
+        except DataDependentOutputException:  # a value read from a fake tensor: .item(), bool(t), ...
+            real = self._run_real(func, args, kwargs)
+            if real is not None:
+                return real[0]
+            return _zero_like_result(func, args)
+        except DynamicOutputShapeException:
+            # an output shape that depends on values (pack_padded_sequence and its lengths): run the op for
+            # real with zeros for the inputs whose values are unknown (allocates them, once), keep the shapes
+            out = self._dynamic_shape(func, args, kwargs)
+        except RuntimeError as exc:
+            if "data is not allocated" not in str(exc):
+                raise
+            # a CPU kernel that reads an input's values (_pad_packed_sequence reads the batch sizes): the same
+            out = self._dynamic_shape(func, args, kwargs)
+        if self.fake_mode is None:  # tracing real tensors: they have their values
+            return self._count(func, args, kwargs, out, before)
+        tensors_out = [t for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
+        small = all(t.numel() <= SMALL_NUMEL for t in tensors_out)
+        real = self._run_real(func, args, kwargs) if small else None
+        outs = torch.utils._pytree.tree_leaves(out)
+        if real is not None:
+            for fake_t, real_t in zip(outs, torch.utils._pytree.tree_leaves(real[0])):
+                self._remember(fake_t, real_t)
+        else:
+            for t in outs:  # an op run without values (in place too) leaves its outputs value-less
+                if isinstance(t, torch.Tensor):
+                    self.forget(t)
+        return self._count(func, args, kwargs, out, before)
+
+    def _count(self, func: Any, args: Any, kwargs: Any, out: Any, flops_before: int) -> Any:
+        if not getattr(func, "is_view", False) and func not in _METADATA_OPS:
+            self.ops += 1
+            moved = 0
+            for t in torch.utils._pytree.tree_leaves((args, kwargs, out)):
+                if isinstance(t, torch.Tensor):
+                    moved += t.numel() * t.element_size()
+            self.bytes_moved += moved
+        if torch._C._current_autograd_node() is None:
+            self.forward_flops += self.flop_counter.get_total_flops() - flops_before
+        return out
+
+
+def _zero_like_result(func: Any, args: Any) -> Any:
+    """What a value-less fake scalar reads as: 0 of its dtype (False for bool)."""
+    t = args[0] if args and isinstance(args[0], torch.Tensor) else None
+    if func in (torch.ops.aten.is_nonzero.default, torch.ops.aten.equal.default) or (
+            t is not None and t.dtype == torch.bool):
+        return False
+    if t is not None and (t.dtype.is_floating_point or t.dtype.is_complex):
+        return 0.0
+    return 0
+
+
+_METADATA_OPS = {
+    torch.ops.aten.detach.default,
+    torch.ops.aten.alias.default,
+    torch.ops.aten.lift_fresh.default,
+    torch.ops.aten.empty.memory_format,
+    torch.ops.aten.empty_strided.default,
+    torch.ops.aten.set_.source_Storage_storage_offset,
+}
+
+
+def trace_step(make_workload: Callable[[], Workload], ctx: SetupContext, fake: bool = True,
+               cuda_optimizers: bool = False) -> StepTrace:
+    """Build the workload (`make_workload()`), set it up and run two training steps on fake tensors; measure the second.
+
+    Nothing is allocated: every tensor is a FakeTensor (shape, dtype, device only), also on a device this
+    machine does not have (ctx.device may be "cuda" on a host without a GPU). The first step creates the
+    optimizer state; the second is the steady state the runner measures. With fake=False the same is done
+    on real tensors (it allocates): for a workload whose kernels read values fake tensors do not have.
+    With cuda_optimizers, optimizers take the multi-tensor (foreach) path they take on a CUDA GPU, whatever
+    device is traced (its temporaries, e.g. a weight-decayed copy of every gradient, are part of the peak).
+    """
+    from torch.utils.flop_counter import FlopCounterMode
+
+    start = time.monotonic()
+    fake_mode = _fake_mode() if fake else None
+    flops = FlopCounterMode(display=False)
+    counter = _StepCounter(flops, fake_mode)
+    foreach = _foreach_optimizers() if cuda_optimizers else contextlib.nullcontext()
+    with fake_mode or contextlib.nullcontext(), _swappable(fake_mode, counter), foreach:
+        with counter:
+            workload = make_workload()  # its parameters are fake from the start
+            workload.setup(ctx)
+            workload.step()
+        tracker = _RecordingTracker()
+        inputs_bytes, state_bytes = _track_state(tracker, workload)
+        counter.ops = counter.bytes_moved = counter.forward_flops = 0
+        with tracker, flops, counter:
+            workload.step()
+        peak = tracker.get_tracker_snapshot("peak")
+    dev_snap = _device_snapshot(peak, ctx.device)
+    parts = breakdown(dev_snap, inputs_bytes, state_bytes)
+    return StepTrace(
+        device=str(ctx.device.type),
+        fake=fake,
+        peak_tensor_bytes=int(sum(parts.values())),
+        breakdown_bytes=parts,
+        inputs_bytes=inputs_bytes,
+        state_bytes=state_bytes,
+        flops=int(flops.get_total_flops()),
+        forward_flops=int(counter.forward_flops),
+        bytes_moved=int(counter.bytes_moved),
+        ops=int(counter.ops),
+        events=tracker.events,
+        trace_s=time.monotonic() - start,
+    )
+
+
+@contextlib.contextmanager
+def _swappable(fake_mode: Any, counter: _StepCounter) -> Iterator[None]:
+    """Let `Module.to()` swap fake parameters: drop the weak references torch's fake-tensor bookkeeping and
+    our value table hold to the two tensors just before torch.utils.swap_tensors (which refuses them)."""
+    if fake_mode is None:
+        yield
+        return
+    original = torch.utils.swap_tensors
+    describer = fake_mode.fake_tensor_converter.meta_converter.describer
+
+    def swap_tensors(t1: torch.Tensor, t2: torch.Tensor) -> None:
+        for t in (t1, t2):
+            describer.lookup_tensor.pop(t, None)
+            counter.forget(t)
+        original(t1, t2)
+
+    torch.utils.swap_tensors = swap_tensors
+    try:
+        yield
+    finally:
+        torch.utils.swap_tensors = original
+
+
+@contextlib.contextmanager
+def _foreach_optimizers() -> Iterator[None]:
+    """torch.optim's default implementation choice as on a CUDA GPU: foreach (a fake or CPU tensor gets the
+    single-tensor loop otherwise)."""
+    import importlib
+
+    def cuda_default(params: Any, differentiable: bool, use_fused: bool = False) -> Tuple[bool, bool]:
+        return False, not differentiable and not torch.jit.is_scripting()
+
+    patched = []
+    for name in ("optimizer", "sgd", "adam", "adamw", "rmsprop", "adagrad", "adadelta", "adamax", "nadam",
+                 "radam", "rprop", "asgd"):
+        try:
+            module = importlib.import_module(f"torch.optim.{name}")
+        except ImportError:
+            continue
+        if hasattr(module, "_default_to_fused_or_foreach"):
+            patched.append((module, module._default_to_fused_or_foreach))
+            module._default_to_fused_or_foreach = cuda_default
+    try:
+        yield
+    finally:
+        for module, original in patched:
+            module._default_to_fused_or_foreach = original
+
+
+def _fake_mode() -> Any:
+    """A FakeTensorMode whose fresh tensors hold no weak reference, so that `module.to(device)` works.
+
+    torch memoizes every fake tensor it makes in a weak-value map; `Module.to` swaps a fake parameter for
+    its converted copy (torch.utils.swap_tensors), which refuses a tensor that has a weak reference. A
+    tensor made from a fresh meta tensor never needs the memo (nothing else maps to it): skip it there.
+    """
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorConverter, FakeTensorMode
+
+    class _Converter(FakeTensorConverter):
+        def from_meta_and_device(self, fake_mode, t, device, pytype=None, dispatch_keys=None):
+            return FakeTensor(fake_mode, t, device, pytype=pytype, dispatch_keys=dispatch_keys)
+
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    mode.fake_tensor_converter.__class__ = _Converter
+    return mode
+
+
+def _recording_tracker_class() -> Any:
+    from torch.distributed._tools.mem_tracker import _TOTAL_KEY, MemTracker, _UpdateType
+
+    class RecordingTracker(MemTracker):
+        """torch's MemTracker that also keeps the order of allocations and frees (for the allocator's rounding)."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.events: List[Tuple[int, int, str]] = []
+
+        def _pre_fw_hook(self, module, inputs):
+            try:
+                super()._pre_fw_hook(module, inputs)
+            except NotImplementedError:  # a network called twice in one step (DQN's online network): allowed
+                self.memory_tracking.pop(module, None)
+                super()._pre_fw_hook(module, inputs)
+
+        def _track_module_params_and_buffers(self, module, install_grad_hooks=True):
+            # a frozen parameter (a fixed embedding) takes no gradient hook: mark it as already hooked
+            for p in module.parameters():
+                if not p.requires_grad and p not in self._param_to_grad_hook_handles:
+                    self._param_to_grad_hook_handles[p] = (_NoHandle(), _NoHandle())
+            return super()._track_module_params_and_buffers(module, install_grad_hooks)
+
+        def _update_peak_stats(self, peak_state):
+            # the step's peak only: torch's version also keeps every module's peak, walking all modules on
+            # every op (a third of the trace's time on BERT)
+            for dev, snap in self._curr_mem_snap.items():
+                if self._peak_mem.get(dev, 0) < snap[_TOTAL_KEY]:
+                    self._peak_mem[dev] = snap[_TOTAL_KEY]
+                    self._peak_mem_snap[dev] = dict(snap)
+
+        def _track_inputs_or_outputs(self, args):
+            # per-module input/output sizes are not used here; torch's version rebuilds the arguments with
+            # tree_map, which fails on a PackedSequence whose unsorted_indices is None
+            return 0
+
+        def _update_snap(self, u_type, winfo, old_mem_consumed=None, old_reftype=None):
+            super()._update_snap(u_type, winfo, old_mem_consumed, old_reftype)
+            kind = getattr(winfo.reftype, "value", str(winfo.reftype))
+            if u_type == _UpdateType.ADD:
+                self.events.append((id(winfo), winfo.size * winfo.element_size, kind))
+            elif u_type == _UpdateType.DEL:
+                self.events.append((id(winfo), -1, kind))
+            elif u_type == _UpdateType.SIZE:  # a resized storage: freed and allocated again
+                self.events.append((id(winfo), -1, kind))
+                self.events.append((id(winfo), winfo.size * winfo.element_size, kind))
+            elif u_type == _UpdateType.REF:  # the same bytes change kind (e.g. an output becomes a gradient)
+                self.events.append((id(winfo), -2, kind))
+
+    return RecordingTracker
+
+
+class _NoHandle:
+    def remove(self) -> None:
+        pass
+
+
+def _RecordingTracker() -> Any:  # noqa: N802 - a class made on first use (torch's module is imported lazily)
+    global _TRACKER_CLASS
+    if _TRACKER_CLASS is None:
+        _TRACKER_CLASS = _recording_tracker_class()
+    return _TRACKER_CLASS()
+
+
+_TRACKER_CLASS = None
+
+
+def _track_state(tracker: Any, workload: Workload) -> Tuple[int, int]:
+    """Register what the workload holds before the step; returns the bytes of held tensors (its inputs) and of
+    its optimizers' state."""
+    modules: List[torch.nn.Module] = []
+    optimizers: List[torch.optim.Optimizer] = []
+    tensors: List[torch.Tensor] = []
+    for obj in _walk_state(workload, set()):
+        if isinstance(obj, torch.nn.Module):
+            modules.append(obj)
+        elif isinstance(obj, torch.optim.Optimizer):
+            optimizers.append(obj)
+        else:
+            tensors.append(obj)
+    for m in workload.modules():
+        if all(m is not k for k in modules):
+            modules.append(m)
+    owned = {id(t) for m in modules for t in list(m.parameters()) + list(m.buffers())}
+    owned |= {id(v) for o in optimizers for s in o.state.values() for v in s.values() if isinstance(v, torch.Tensor)}
+    inputs = [t for t in tensors if id(t) not in owned and not isinstance(t, torch.nn.Parameter)]
+    tracker.track_external(*modules, *optimizers, *inputs)
+    state = [v for o in optimizers for st in o.state.values() for v in st.values() if isinstance(v, torch.Tensor)]
+    return _storage_bytes(inputs), _storage_bytes(state)
+
+
+def _storage_bytes(tensors: List[torch.Tensor]) -> int:
+    storages = {}
+    for t in tensors:
+        if t.device.type != "cpu" or t.numel() > 1:  # CPU scalars (step counters) are not device memory
+            st = t.untyped_storage()
+            storages[id(st)] = st.nbytes()
+    return int(sum(storages.values()))
+
+
+def _device_snapshot(peak: Dict[Any, Dict[Any, int]], device: torch.device) -> Dict[str, int]:
+    """The tracker's per-kind bytes at the peak on `device` (tensors on other devices, e.g. CPU copies, ignored)."""
+    out: Dict[str, int] = {}
+    for dev, snap in peak.items():
+        if torch.device(dev).type != device.type:
+            continue
+        for key, value in snap.items():
+            name = getattr(key, "value", key)
+            out[name] = out.get(name, 0) + int(value)
+    return out
+
+
+def breakdown(snap: Dict[str, int], inputs_bytes: int, state_bytes: int) -> Dict[str, int]:
+    """MemTracker's kinds in the measured breakdown's keys.
+
+    As mtbench.memory.breakdown maps the measured one: Parameter -> parameters; Gradient -> gradients;
+    Optstate -> optimizer_state up to the size of the optimizers' state (the rest, temporaries of the update
+    such as a weight-decayed copy of a gradient, -> other); Activation -> activations; Other (tensors the
+    workload holds: its prepared batches) -> inputs; Buffer (BatchNorm statistics) and Temp (the backward's
+    temporaries, gradients of activations) -> other.
+    """
+    held = snap.get("Other", 0)
+    inputs = min(inputs_bytes, held)
+    opt = snap.get("Optstate", 0)
+    state = min(state_bytes, opt)
+    return {
+        "parameters": snap.get("Parameter", 0),
+        "gradients": snap.get("Gradient", 0),
+        "optimizer_state": state,
+        "activations": snap.get("Activation", 0),
+        "inputs": inputs,
+        "other": held - inputs + opt - state + snap.get("Buffer", 0) + snap.get("Temp", 0),
+    }

@@ -1,0 +1,176 @@
+"""The predictor on tiny workloads: breakdown sums, linear activations, Linear-layer FLOPs, allocator, CLI."""
+from __future__ import annotations
+
+import json
+from typing import List
+
+import pytest
+import torch
+
+from mtbench.data import Synthetic
+from mtbench.predict import allocator, calibration
+from mtbench.predict.trace import BREAKDOWN_KEYS, trace_step
+from mtbench.workload import SetupContext, Workload
+
+pytest.importorskip("torch.distributed._tools.mem_tracker")
+
+
+class TinyMLP(Workload):
+    """Linear(inp, hidden) -> ReLU -> Linear(hidden, out), plain SGD; optionally inputs that need a gradient."""
+
+    def __init__(self, inp: int = 8, hidden: int = 256, out: int = 4, layers: int = 2, input_grad: bool = False,
+                 bias: bool = True) -> None:
+        self.inp, self.hidden, self.out, self.layers = inp, hidden, out, layers
+        self.input_grad = input_grad
+        if layers == 1:
+            self.net = torch.nn.Linear(inp, out, bias=bias)
+        else:
+            self.net = torch.nn.Sequential(torch.nn.Linear(inp, hidden, bias=bias), torch.nn.ReLU(),
+                                           torch.nn.Linear(hidden, out, bias=bias))
+
+    def setup(self, ctx: SetupContext) -> None:
+        self.net.to(ctx.device).train()
+        self.optimizer = torch.optim.SGD(self.net.parameters(), lr=0.1)
+        self.x = torch.randn(ctx.batch_size, self.inp, device=ctx.device, requires_grad=self.input_grad)
+
+    def step(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+        self.net(self.x).square().mean().backward()
+        self.optimizer.step()
+
+    def modules(self) -> List[torch.nn.Module]:
+        return [self.net]
+
+
+def _ctx(batch: int) -> SetupContext:
+    return SetupContext(device=torch.device("cpu"), batch_size=batch, data=Synthetic(), seed=0, batches=1)
+
+
+def _trace(batch: int, **kw):
+    return trace_step(lambda: TinyMLP(**kw), _ctx(batch))
+
+
+def test_breakdown_sums_to_the_peak():
+    t = _trace(16)
+    assert set(t.breakdown_bytes) == set(BREAKDOWN_KEYS)
+    assert sum(t.breakdown_bytes.values()) == t.peak_tensor_bytes > 0
+    # nothing was allocated: the parameters are fake, yet their bytes are counted exactly
+    params = (8 * 256 + 256 + 256 * 4 + 4) * 4
+    assert t.breakdown_bytes["parameters"] == params
+    assert t.fake
+
+
+def test_activations_grow_linearly_with_the_batch():
+    acts = {b: _trace(b).breakdown_bytes["activations"] for b in (64, 128, 256)}
+    assert acts[64] > 0
+    assert acts[256] - acts[128] == 2 * (acts[128] - acts[64])
+
+
+def test_flops_of_one_linear_layer():
+    b, inp, out = 32, 24, 10
+    t = _trace(b, inp=inp, out=out, layers=1, input_grad=True, bias=False)
+    assert t.forward_flops == 2 * b * inp * out
+    # backward: the gradient of the input and of the weight, each as large as the forward
+    assert t.flops - t.forward_flops == 2 * (2 * b * inp * out)
+
+
+def test_cuda_rounding_and_segments():
+    assert allocator.round_request(1) == 512
+    assert allocator.round_request(513) == 1024
+    assert allocator.segment_size(4096) == 2 << 20
+    assert allocator.segment_size(3 << 20) == 20 << 20
+    assert allocator.segment_size(11 << 20) == 12 << 20
+    peaks = allocator.replay([(1, 3 << 20, "Activation"), (2, 100, "Parameter"), (1, -1, "Activation"),
+                              (3, 2 << 20, "Activation")])
+    assert peaks.allocated_bytes == (3 << 20) + 512
+    assert peaks.reserved_bytes == (20 << 20) + (2 << 20)  # the 2 MiB block reuses the freed 20 MiB segment
+
+
+def test_prediction_for_a_board_sums_and_fits(tmp_path, monkeypatch):
+    monkeypatch.setenv(calibration.ENV_DIR, str(tmp_path))
+    from mtbench.predict.predictor import Predictor
+
+    predictor = Predictor(target_name="nano", overrides=("model.workload.ngf=8", "model.workload.ndf=8"))
+    p = predictor.predict("dcgan", 4)
+    assert p.device == "cuda" and p.budget_bytes == predictor.target.memory_budget_bytes
+    assert sum(p.breakdown_bytes.values()) == p.tensors_bytes
+    assert p.tensors_bytes % 512 == 0 and p.allocator_reserved_bytes >= p.tensors_bytes
+    assert p.peak_bytes == p.allocator_reserved_bytes + p.runtime_bytes
+    assert not p.calibrated and p.step_time_s == p.roofline_s > 0  # uncalibrated: the roofline
+
+
+def test_fit_recovers_a_nonnegative_model():
+    rng = __import__("numpy").random.default_rng(0)
+    x = [calibration.time_features(f, b, n, None, None) for f, b, n in
+         zip(rng.uniform(1e9, 1e11, 20), rng.uniform(1e8, 1e10, 20), rng.integers(100, 5000, 20))]
+    coef = [0.01, 2e-11, 0.0, 1e-5]
+    y = [float(v @ coef) for v in x]
+    fitted = calibration.fit_nonnegative(__import__("numpy").array(x), __import__("numpy").array(y))
+    assert (fitted >= 0).all()
+    assert calibration.mape_pct([float(v @ fitted) for v in x], y) < 1e-6
+
+
+def _summary(folder, model, batch, step_s, peak, before):
+    d = folder / f"{model}-b{batch}"
+    d.mkdir(parents=True)
+    (d / "summary.json").write_text(json.dumps({
+        "model": model, "batch_size": batch, "device": "cpu", "success": True, "step_time_s": {"median": step_s},
+        "mem_peak_bytes": peak, "mem_peak_source": "process_rss", "mem_runtime_bytes": before,
+        "target": "none", "env": {"device_name": "test cpu"}}))
+
+
+def test_calibrate_then_predict_uses_it(tmp_path, monkeypatch, capsys):
+    from mtbench.predict.cli import main_calibrate, main_predict
+
+    monkeypatch.setenv(calibration.ENV_DIR, str(tmp_path / "cal"))
+    sweep = tmp_path / "sweep"
+    for batch, step_s in ((2, 0.02), (4, 0.03), (8, 0.05)):
+        _summary(sweep, "char_rnn", batch, step_s, peak=(500 << 20) + batch * (1 << 20), before=400 << 20)
+    overrides = ["model.workload.seq_len=8", "model.workload.hidden=16"]
+    assert main_calibrate([str(sweep), *overrides]) == 0
+    cal = calibration.load("none-cpu")
+    assert cal is not None and cal.runs == 3 and cal.runtime_bytes is not None and cal.time_coef is not None
+    assert main_predict(["model=char_rnn", "batch=4", "device=cpu", f"out={tmp_path / 'p'}", *overrides]) == 0
+    rows = json.loads((tmp_path / "p" / "predict.json").read_text())
+    assert rows[0]["calibrated"] and rows[0]["runtime_bytes"] == cal.runtime_bytes
+    assert abs(rows[0]["step_time_s"] - 0.03) / 0.03 < 0.5
+    assert (tmp_path / "p" / "predict.csv").read_text().startswith("model,batch_size")
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["model=nope", "batch=2"], "model='nope' is not known"),
+    (["model=alexnet", "batch=1,2"], "needs -m"),
+    (["model=alexnet", "batch=0"], "batch=0 is out of range"),
+    (["model=alexnet", "batch=2", "target=moon"], "target='moon' is not known"),
+    (["model=alexnet"], "model= and batch= are required"),
+])
+def test_bad_input_is_one_line(argv, says, capsys):
+    from mtbench.predict.cli import main_predict
+
+    assert main_predict(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("mtbench: error:") and says in err and "\n" not in err
+
+
+def test_old_torch_ends_in_one_line(monkeypatch, capsys):
+    from mtbench.predict.cli import main_calibrate
+
+    monkeypatch.setattr(torch, "__version__", "2.1.0")
+    assert main_calibrate(["somewhere"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "needs torch >= 2.5" in err and "\n" not in err
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("model, batch", [("squeezenet", 8), ("resnet50", 8)])
+def test_cuda_prediction_against_max_memory_allocated(model, batch, run):
+    """On a GPU: the predicted allocator peak (traced on fake CUDA tensors) against a real job's
+    max_memory_allocated over its measured steps (cuDNN workspaces are allocated too: within 10 %)."""
+    from mtbench.predict.predictor import Predictor
+
+    measured = run([f"model={model}", f"batch={batch}", "device=cuda", "warmup=1", "steps=2"])
+    assert measured["success"] and measured["mem_peak_source"] == "cuda_allocator"
+    p = Predictor(target_name="none", device="cuda").predict(model, batch)
+    assert p.traced == "fake tensors on cuda"
+    assert abs(p.tensors_bytes - measured["mem_peak_bytes"]) / measured["mem_peak_bytes"] < 0.10
+    assert p.allocator_reserved_bytes >= p.tensors_bytes
