@@ -26,6 +26,7 @@ from mtbench import env, memory, results
 from mtbench.config import JobSpec, instantiate, positive_float
 from mtbench.data import DataSource
 from mtbench.errors import UsageError
+from mtbench.memory.plan_run import Planner
 from mtbench.sampling import Sampler, SensorUnavailable, open_sensors, windows
 from mtbench.workload import SetupContext, Workload
 
@@ -72,6 +73,8 @@ class Job:
 
     def __init__(self, cfg: DictConfig, out_dir: Path, notify: Optional[Callable[[str, Any], None]] = None) -> None:
         self.cfg = cfg
+        # memory.* (checked here); sets the CUDA allocator's expandable_segments before CUDA starts in this process
+        self.planner = Planner(cfg)
         # tells a parent process what it needs to write this job's summary should the job's process die
         self.notify = notify or (lambda kind, payload: None)
         self.out_dir = Path(out_dir)
@@ -110,6 +113,7 @@ class Job:
         # cuDNN tries every convolution algorithm on each new shape and keeps the fastest (TensorFlow, which the
         # paper used, does so by default); the warm-up steps absorb the trials
         torch.backends.cudnn.benchmark = self.cudnn_benchmark
+        self.planner.before_build(self.device, memory.current_rss_bytes() if self.device.type == "cpu" else None)
         data: DataSource = instantiate(self.cfg.data)
         self.data_label = data.label
         self.notify("data", self.data_label)
@@ -122,6 +126,8 @@ class Job:
             batches=min(MAX_PREPARED_BATCHES, spec.warmup + spec.steps),
         )
         self.workload.setup(ctx)
+        # memory.plan: fixed, or (auto) the fastest predicted or probed plan that fits the budget
+        self.planner.start(self.workload, is_oom)
         self.parameters = self.workload.parameter_count()
         peak = memory.PeakMemory(self.device)
         assert self.sampler is not None
@@ -146,6 +152,7 @@ class Job:
 
     def _timed_step(self, index: int, warmup: bool) -> float:
         assert self.workload is not None and self.sampler is not None
+        self.planner.before_step(index)  # a new budget in memory.budget_file: re-plan before this step, untimed
         _sync(self.device)
         start = time.monotonic()
         self.workload.step()
@@ -183,6 +190,7 @@ class Job:
             **self.mem,
             "parameters": self.parameters,
             "cudnn_benchmark": self.cudnn_benchmark,
+            "memory_plan": self.planner.summary(self.mem),
             "sampler": {**(self.sampler.stats() if self.sampler else {}), "sensors": self.sensor_status},
             "env": env.describe(self.device),
             "config": OmegaConf.to_container(self.cfg, resolve=True),
@@ -545,6 +553,7 @@ def _write(job: Job, samples) -> None:
             log.warning("profile attribution failed", exc_info=True)
     if samples is not None and job.sampler is not None:
         header, rows = windows.step_rows(job.sampler.marks, samples, job.interval_ms)
+        header, rows = header + ["plan"], [row + [job.planner.labels.get(row[0])] for row in rows]
         results.write_steps(job.out_dir, header, rows)
         results.write_samples(job.out_dir, samples)
     results.write_summary(job.out_dir, summary)
