@@ -73,11 +73,11 @@ class Workload(abc.ABC):
 
     def segment_runs(self, segments: int, x: torch.Tensor) -> List[Tuple[int, int]]:
         """The runs of blocks that make `segments` checkpointed segments, from a profile of what each block saves
-        (one forward of one sample of `x`, on the first call)."""
+        (one forward of two samples of `x`, on the first call: BatchNorm needs two at 1x1)."""
         blocks = self.blocks() or []
         profile = getattr(self, "_block_profile", None)
         if profile is None:
-            profile = self._block_profile = plans.profile_blocks(blocks, x[:1].detach())
+            profile = self._block_profile = plans.profile_blocks(blocks, x[:2].detach())
         cache = self.__dict__.setdefault("_segment_runs", {})
         if segments not in cache:
             cache[segments] = plans.partition(profile, segments)

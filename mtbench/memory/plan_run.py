@@ -29,13 +29,16 @@ def read_budget_file(path: Path) -> Optional[int]:
     if not text:
         return None
     words = text.split()
-    if len(words) == 2 and words[1].lower() == "bytes":
-        value = int(words[0])
-    elif len(words) == 1 or (len(words) == 2 and words[1].lower() == "gib"):
-        value = int(float(words[0]) * 2**30)
-    else:
+    try:
+        if len(words) == 2 and words[1].lower() == "bytes":
+            value = int(words[0])
+        elif len(words) == 1 or (len(words) == 2 and words[1].lower() == "gib"):
+            value = int(float(words[0]) * 2**30)
+        else:
+            raise ValueError(text)
+    except ValueError:
         raise ValueError(f"{path}: {text[:60]!r} is not a budget; allowed: a number of GiB (1.5), '1.5 GiB' or "
-                         "'1610612736 bytes'")
+                         "'1610612736 bytes'") from None
     if value <= 0:
         raise ValueError(f"{path}: a budget must be > 0, not {text[:60]!r}")
     return value
