@@ -269,3 +269,24 @@ def test_recompute_in_a_real_cnn_gives_the_same_gradients():
     recomputed = grads_after_step(w, MemoryPlan(segments=AUTO_SEGMENTS))
     for name in plain:
         assert torch.allclose(plain[name], recomputed[name], atol=1e-5, rtol=1e-4), name
+
+
+@pytest.mark.parametrize("model, overrides", [
+    ("char_rnn", ["model.workload.seq_len=12", "model.workload.hidden=16", "model.workload.dropout=0.0"]),
+    ("bert", ["model.workload.hidden=16", "model.workload.layers=1", "model.workload.heads=2",
+              "model.workload.intermediate=32", "model.workload.seq_len=32", "model.workload.max_question=8",
+              "model.workload.vocab_size=100", "model.workload.dropout=0.0"]),
+])
+def test_microbatches_in_sequence_models_give_the_gradients_of_the_full_batch(model, overrides):
+    from mtbench.config import instantiate
+
+    cfg = compose_cfg([f"model={model}", "batch=4", *overrides])
+    torch.manual_seed(0)
+    w = instantiate(cfg.model.workload)
+    w.setup(SetupContext(torch.device("cpu"), 4, instantiate(cfg.data), seed=0, batches=1))
+    assert w.blocks() is None  # recomputation: CNNs only (see README)
+    full = grads_after_step(w, NONE)
+    micro = grads_after_step(w, MemoryPlan(microbatch=2))
+    for name in full:
+        if not name.startswith("buffer:"):
+            assert torch.allclose(full[name], micro[name], atol=1e-5, rtol=1e-4), name
