@@ -212,6 +212,10 @@ def test_a_new_budget_replans_between_steps_without_losing_one(run, tmp_path, mo
     assert [r["index"] for r in rows] == ["0", "1", "2", "3", "4", "5"]
     assert [r["plan"] for r in rows][:3] == ["none"] * 3 and {r["plan"] for r in rows[3:]} == {plan["label"]}
     assert json.loads((tmp_path / "job" / "summary.json").read_text())["memory_plan"]["replans"]
+    from mtbench.report import make_report
+
+    table = (make_report(tmp_path / "job") / "README.md").read_text()
+    assert "| memory plan |" in table and f"| auto: none -> {plan['label']} |" in table
 
 
 def test_a_fixed_plan_runs_and_is_recorded(run):
