@@ -16,6 +16,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Callable
 
 from hydra import compose, initialize_config_dir
 
@@ -49,16 +50,28 @@ def build(model: str, batch: int):
     device = resolve_device(cfg.device.name)
     workload = instantiate(cfg.model.workload)
     workload.setup(SetupContext(device, batch, Synthetic(), 0, 4))
-    return workload
+    return workload, device
 
 
-def timed_steps(workload, steps: int, sampler=None) -> float:
+def synchronizer(device) -> Callable[[], None]:
+    """Waits for the device's queued work: on a GPU a step returns once its kernels are launched, so an
+    unsynchronized timer measures launches, not training (a CPU step is done when it returns)."""
+    if device.type == "cuda":
+        import torch
+
+        return lambda: torch.cuda.synchronize(device)
+    return lambda: None
+
+
+def timed_steps(workload, steps: int, sync: Callable[[], None], sampler=None) -> float:
     if sampler:
         sampler.start()
     times = []
+    sync()  # work queued before the timed steps is not theirs
     for _ in range(steps):
         t = time.perf_counter()
         workload.step()
+        sync()
         times.append(time.perf_counter() - t)
     if sampler:
         sampler.stop()
@@ -79,13 +92,15 @@ def main() -> None:
     print(f"procfs          : {fidelity([ProcfsSensor()], seconds, interval)}")
     print(f"procfs + jetson : {fidelity(both(), seconds, interval)}")
 
-    workload = build(model, batch)
-    timed_steps(workload, 3)  # warm-up
+    workload, device = build(model, batch)
+    sync = synchronizer(device)
+    timed_steps(workload, 3, sync)  # warm-up
     stop = threading.Event()
 
     def train():
         while not stop.is_set():
             workload.step()
+            sync()  # on a GPU, keep the queue from growing without bound
 
     print(f"== while {model} batch {batch} trains, {seconds:.0f} s at {interval} ms")
     trainer = threading.Thread(target=train, daemon=True)
@@ -100,9 +115,9 @@ def main() -> None:
     for r in range(rounds):
         for side in (("off", "on") if r % 2 == 0 else ("on", "off")):
             if side == "off":
-                off.append(timed_steps(workload, steps))
+                off.append(timed_steps(workload, steps, sync))
             else:
-                on.append(timed_steps(workload, steps, Sampler(both(), interval)))
+                on.append(timed_steps(workload, steps, sync, Sampler(both(), interval)))
         print(f"round {r}: off {off[-1]:.4f} s  on {on[-1]:.4f} s  ratio {on[-1] / off[-1]:.3f}")
     print(f"{model} batch {batch}: median step off {statistics.median(off):.4f} s, on {statistics.median(on):.4f} s, "
           f"ratio {statistics.median(on) / statistics.median(off):.3f} (goal <= 1.01)")

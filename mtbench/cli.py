@@ -90,35 +90,20 @@ def finished_summary(out_dir: str, cfg: DictConfig) -> Optional[Dict[str, Any]]:
         summary = read_summary(Path(out_dir))
     except (OSError, ValueError):
         return None  # never written (the job was running when the sweep died), or half a file
-    if not isinstance(summary.get("config"), dict) or "success" not in summary:
+    if not isinstance(summary.get("config"), dict) or "success" not in summary or summary.get("write_error"):
         return None
+    if (summary.get("failure") or {}).get("kind") == "interrupted":
+        return None  # stopped by the user, not measured: it runs again
     now = OmegaConf.to_container(cfg, resolve=True)
     same = {k: v for k, v in summary["config"].items() if k not in NOT_MEASURED_KEYS} == \
         {k: v for k, v in now.items() if k not in NOT_MEASURED_KEYS}
     return summary if same else None
 
 
-# launchers that run the jobs of a sweep at the same time on this machine, and the key that sets how many at once
-PARALLEL_LAUNCHERS = {"joblib": "n_jobs", "submitit_local": "array_parallelism", "ray": None}
-
-
-def check_parallel_launcher(args: List[str]) -> None:
-    """Refuse a launcher that would run jobs at once on this machine's device, unless allow_parallel=true: two
-    jobs measuring one device spoil each other's figures (the device lock would make them wait anyway)."""
-    launcher = next((a.split("=", 1)[1] for a in args if a.startswith(("hydra/launcher=", "override hydra/launcher="))), None)
-    if launcher not in PARALLEL_LAUNCHERS or "allow_parallel=true" in args:
-        return
-    key = PARALLEL_LAUNCHERS[launcher]
-    if key is not None and f"hydra.launcher.{key}=1" in args:
-        return
-    how = f"hydra.launcher.{key}=1 runs one job at a time, " if key else ""
-    raise UsageError(f"hydra/launcher={launcher} runs several jobs at once on this machine, and jobs that measure one "
-                     f"device at once spoil each other's figures; {how}allow_parallel=true runs them anyway")
-
-
 def objective_value(summary: Dict[str, Any], objective: str) -> float:
-    """The figure a sweeper optimizes (see OBJECTIVES for its direction); NaN where the job has none (a failed
-    job, or energy without a power sensor), which Optuna records as a failed trial."""
+    """The figure a sweeper optimizes (see OBJECTIVES for its direction). A job without it (a failed job, or energy
+    without a power sensor) gives the worst value for that direction, +inf or -inf: Optuna < 3 rejects NaN and
+    then ends the whole study."""
     value: Optional[float] = None
     if summary.get("success"):
         if objective == "step_time_s":
@@ -128,7 +113,9 @@ def objective_value(summary: Dict[str, Any], objective: str) -> float:
         elif objective == "energy_per_sample_j":
             per_step = (summary.get("energy_j") or {}).get("per_step_mean")
             value = None if per_step is None else per_step / summary["batch_size"]
-    return math.nan if value is None else float(value)
+    if value is None:
+        return math.inf if OBJECTIVES[objective] == "minimize" else -math.inf
+    return float(value)
 
 
 @hydra.main(version_base="1.3", config_path=str(conf_dir()), config_name="config")
@@ -162,11 +149,16 @@ def print_help(args: List[str]) -> None:
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
+    from hydra.errors import HydraException
+
     overrides = [a for a in args if a not in ("--help", "-h") and not a.startswith("-")]
     with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
-        help_cfg = compose(config_name="config", overrides=overrides, return_hydra_config=True).hydra.help
+        help_cfg = compose(config_name="config", return_hydra_config=True).hydra.help
         header, footer = help_cfg.header, help_cfg.footer
-        cfg = compose(config_name="config", overrides=overrides)
+        try:
+            cfg = compose(config_name="config", overrides=overrides)
+        except HydraException:  # a sweep (`model=a,b`) composes no single config: show the defaults
+            cfg = compose(config_name="config")
     groups = "\n".join(f"{group}: {', '.join(group_options(group))}" for group in GROUPS)
     print(f"{header}\n== Configuration groups ==\nCompose your configuration from those groups (group=option)\n\n"
           f"{groups}\n\n== Config ==\nOverride anything in the config (foo.bar=value)\n\n"
@@ -175,7 +167,7 @@ def print_help(args: List[str]) -> None:
 
 def main(argv: Optional[List[str]] = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
-    if "--help" in args or "-h" in args:
+    if ("--help" in args or "-h" in args) and not (args and args[0] in ("models", "report")):
         try:
             check_overrides([a for a in args if a not in ("--help", "-h")])
             print_help(args)
@@ -197,7 +189,6 @@ def main(argv: Optional[List[str]] = None) -> None:
         return
     try:
         check_overrides(args)
-        check_parallel_launcher(args)
     except UsageError as exc:
         _fail(str(exc))
     sys.argv = [sys.argv[0]] + args

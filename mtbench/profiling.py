@@ -40,16 +40,21 @@ class Profiler:
         os.environ.setdefault("KINETO_LOG_LEVEL", "5")  # quiet Kineto's start/stop lines
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
         self.prof = profile(activities=activities)
-        self.syncs: List[float] = []
+        self.syncs: List[Tuple[float, float, int]] = []  # (bracket midpoint, width, which sync point)
         self.layers: List[Interval] = []
         self._hooks: List[Any] = []
         self._modules = modules
 
-    def _sync_mark(self) -> None:
-        before = time.monotonic()
-        with record_function(SYNC):
-            pass
-        self.syncs.append((before + time.monotonic()) / 2)
+    def _sync_mark(self, tries: int = 5) -> None:
+        """A few empty marks in a row; the one whose bracket is narrowest is used (a preemption inside a
+        bracket, on a loaded machine, would shift its midpoint by half the time lost)."""
+        group = len(self.syncs) // tries if self.syncs else 0
+        for _ in range(tries):
+            before = time.monotonic()
+            with record_function(SYNC):
+                pass
+            after = time.monotonic()
+            self.syncs.append(((before + after) / 2, after - before, group))
 
     def _hook_layers(self) -> None:
         """Forward intervals of every leaf module (host time: on CUDA they show launch, not kernel, time)."""
@@ -97,7 +102,11 @@ class Profiler:
         if not syncs:
             raise RuntimeError("the profiler trace lacks mtbench's clock-sync events")
         mids = [(e["ts"] + e.get("dur", 0) / 2) / 1e6 for e in syncs]
-        offsets = [t - m for t, m in zip(self.syncs, mids)]
+        best: Dict[int, Tuple[float, float]] = {}  # group -> (bracket width, offset)
+        for (t, width, group), m in zip(self.syncs, mids):
+            if group not in best or width < best[group][0]:
+                best[group] = (width, t - m)
+        offsets = [best[g][1] for g in sorted(best)]
         drift = (offsets[-1] - offsets[0]) * 1e6 if len(offsets) > 1 else None
         return trace, offsets[0], drift
 

@@ -61,10 +61,22 @@ def _get(job: Dict[str, Any], *keys: str) -> Optional[float]:
     return v if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
 
+def _has_batch(job: Dict[str, Any]) -> bool:
+    """Jobs on a batch-size axis: a `mtbench-sample` run has no batch size (null) and is in the tables only."""
+    b = job.get("batch_size")
+    return isinstance(b, (int, float)) and not isinstance(b, bool) and b > 0
+
+
+def _label(job: Dict[str, Any]) -> str:
+    return f"{job.get('model')}\nb{job.get('batch_size')}" if _has_batch(job) else str(job.get("_dir"))
+
+
 def by_model(jobs: List[Dict[str, Any]]) -> Dict[str, List[Dict[str, Any]]]:
+    """Jobs with a batch size, per model, in batch order (the figures' x axis)."""
     groups: Dict[str, List[Dict[str, Any]]] = defaultdict(list)
     for j in jobs:
-        groups[str(j.get("model"))].append(j)
+        if _has_batch(j):
+            groups[str(j.get("model"))].append(j)
     return {m: sorted(js, key=lambda j: j.get("batch_size") or 0) for m, js in sorted(groups.items())}
 
 
@@ -141,8 +153,9 @@ def fig_utilization(groups, out: Path) -> str:
     return _save(fig, out / "utilization.png")
 
 
-def fig_power(groups, out: Path) -> str:
+def fig_power(groups, out: Path, others: Optional[List[Dict[str, Any]]] = None) -> str:
     jobs = [j for js in groups.values() for j in js if j.get("success") and j.get("power_w")]
+    jobs += [j for j in others or [] if j.get("success") and j.get("power_w")]
     fig, ax = plt.subplots(figsize=(max(6, 0.6 * len(jobs) + 3), 4.5))
     if not jobs:
         _not_measured(ax, "mean power per rail")
@@ -151,10 +164,10 @@ def fig_power(groups, out: Path) -> str:
     totals = set(r for j in jobs for r in (j.get("energy_j") or {}).get("total_rails", []))
     # stack the rails that lie inside the total rail; draw the total rail as a marker on top
     stacked = [r for r in rails if r not in totals] if len(totals) < len(rails) else rails
-    labels = [f"{j['model']}\nb{j['batch_size']}" for j in jobs]
+    labels = [_label(j) for j in jobs]
     bottom = [0.0] * len(jobs)
     for rail in stacked:
-        vals = [j["power_w"].get(rail) or 0.0 for j in jobs]
+        vals = [j["power_w"].get(rail) or 0.0 for j in jobs]  # a rail a job lacks: no bar
         ax.bar(labels, vals, bottom=bottom, label=rail)
         bottom = [b + v for b, v in zip(bottom, vals)]
     for rail in rails:
@@ -236,15 +249,20 @@ def fig_profile(job: Dict[str, Any], root: Path, out: Path, top: int = 12) -> Op
     a.barh(names, [float(r["total_s"]) for r in rows])
     a.set_xlabel("seconds (profiled steps)")
     a.set_title("time per operation")
-    if all(r["energy_j"] for r in rows):
-        b.barh(names, [float(r["energy_j"]) for r in rows], color="tab:orange")
+    # on a GPU the energy is split along the kernels: host-op rows carry time only, and say so
+    if any(r["energy_j"] for r in rows):
+        b.barh(names, [float(r["energy_j"]) if r["energy_j"] else 0.0 for r in rows], color="tab:orange")
+        for k, r in enumerate(rows):
+            if not r["energy_j"]:
+                b.text(0, k, " n/a (energy on the kernel timeline)" if r["device"] == "cpu" else " n/a",
+                       va="center", fontsize=7, color="0.4")
         b.set_xlabel("J")
         b.set_title("energy per operation")
         b.set_yticklabels([])
     else:
         _not_measured(b, "energy per operation")
-    fig.suptitle(f"{job['model']} batch {job['batch_size']}: operations")
-    where = job["_dir"] if job["_dir"] != "." else f"{job['model']}-b{job['batch_size']}"
+    fig.suptitle(f"{job.get('model') or job['_dir']} batch {job.get('batch_size')}: operations")
+    where = job["_dir"] if job["_dir"] != "." else f"{job.get('model')}-b{job.get('batch_size')}"
     name = f"profile_{where.replace('/', '_')}.png"
     return _save(fig, out / name)
 
@@ -274,6 +292,10 @@ def readme(jobs: List[Dict[str, Any]], figures: List[str]) -> str:
             cell(_get(j, "cpu_util_pct", "mean"), ".1f"), cell(_get(j, "gpu_util_pct", "mean"), ".1f"),
             cell(_get(j, "energy_j", "per_step_mean"), ".3f"), cell(mem / 2**20 if mem else None, ".1f"),
             plan_cell(j)]) + " |")
+    unbatched = [j["_dir"] for j in jobs if not _has_batch(j)]
+    if unbatched:
+        lines += ["", f"Without a batch size (`mtbench-sample` runs), in this table and the power figure only, not "
+                      f"on the batch-size axes: {', '.join(unbatched)}."]
     failed = [j for j in jobs if not j.get("success")]
     if failed:
         lines += ["", "## Failed jobs", ""] + [f"- {j['_dir']}: {(j.get('failure') or {}).get('kind')}: "
@@ -296,15 +318,22 @@ def make_report(root: Path) -> Path:
     rows = [[j["_dir"]] + [f.get(k) for k in keys[1:]] for j, f in zip(jobs, flat)]
     atomic_write(out / "summary.csv", csv_text(keys, rows))
     groups = by_model(jobs)
-    figures = [fig_time(groups, out), fig_utilization(groups, out), fig_power(groups, out),
-               fig_energy(groups, out), fig_memory(groups, out)]
-    figures.append(fig_memory_breakdown(groups, out))
+    others = [j for j in jobs if not _has_batch(j)]  # mtbench-sample runs: no batch axis
+    figures = [fig_power(groups, out, others)]
+    if groups:  # the figures across batch sizes
+        figures = [fig_time(groups, out), fig_utilization(groups, out)] + figures + [fig_energy(groups, out),
+                                                                                    fig_memory(groups, out)]
+        figures.append(fig_memory_breakdown(groups, out))
     figures += [f for f in (fig_profile(j, root, out) for j in jobs if j.get("profiled")) if f]
     atomic_write(out / "README.md", readme(jobs, figures))
     return out
 
 
 def main(args: List[str]) -> None:
+    if args in (["--help"], ["-h"]):
+        print("usage: mtbench report DIR\n\nWrites DIR/report/: summary.csv, README.md and figures of every job "
+              "(summary.json) under DIR, a run or multirun folder (see README: Reports).")
+        return
     if len(args) != 1:
         raise UsageError("usage: mtbench report DIR (a run or multirun folder)")
     out = make_report(Path(args[0]))

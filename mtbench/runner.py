@@ -26,6 +26,8 @@ from mtbench import env, memory, results
 from mtbench.config import JobSpec, instantiate, positive_float
 from mtbench.data import DataSource
 from mtbench.errors import UsageError
+from mtbench.memory import budget
+from mtbench.memory.breakdown import breakdown_bytes, fragmentation_bytes
 from mtbench.memory.plan_run import Planner
 from mtbench.sampling import Sampler, SensorUnavailable, open_sensors, windows
 from mtbench.workload import SetupContext, Workload
@@ -98,9 +100,24 @@ class Job:
             raise UsageError(f"cudnn_benchmark={self.cudnn_benchmark!r} is not known; allowed: true, false")
         self.profiler = None  # a profiling.Profiler once the profiled steps ran
         self.reference: List[float] = []  # unprofiled step times, for the profiler's overhead
+        # the board whose memory budget the job must fit (target=none: no budget)
+        self.target = budget.target_from_cfg(cfg)
+        self.budget: Dict[str, Any] = {"budget_bytes": self.target.memory_budget_bytes, "budget_enforced_by": None}
+        self.target = self.planner.held_target(self.target)  # memory.budget_gb replaces the target's budget
+        self.budget["budget_bytes"] = self.target.memory_budget_bytes
+        self.runtime_bytes: Optional[int] = None  # resident memory before the model was built (CPU)
+        self.breakdown: Optional[Dict[str, Any]] = None
+        self.breakdown_reason: Optional[str] = "the job ended before its measured steps"
 
     def open_sampler(self) -> None:
         options = OmegaConf.to_container(self.cfg.sampler.get("options", {}) or {}, resolve=True)
+        nvml = options.setdefault("nvml", {}) or {}
+        if self.device.type == "cuda" and not nvml.get("job_uuids"):
+            # the job's energy and GPU utilization are those of the GPU it trains on, matched by UUID; other GPUs
+            # are recorded beside it, never added (torch without the uuid property: every GPU counts, as said)
+            uuid = getattr(torch.cuda.get_device_properties(self.device), "uuid", None)
+            nvml["job_uuids"] = [str(uuid)] if uuid is not None else None
+            options["nvml"] = nvml
         try:
             sensors, self.sensor_status = open_sensors(list(self.cfg.sampler.sensors), options)
         except SensorUnavailable as exc:
@@ -113,7 +130,10 @@ class Job:
         # cuDNN tries every convolution algorithm on each new shape and keeps the fastest (TensorFlow, which the
         # paper used, does so by default); the warm-up steps absorb the trials
         torch.backends.cudnn.benchmark = self.cudnn_benchmark
-        self.planner.before_build(self.device, memory.current_rss_bytes() if self.device.type == "cpu" else None)
+        # before anything of the model exists: what the runtime holds (CPU), and the allocator's cap (CUDA)
+        self.runtime_bytes = memory.current_rss_bytes() if self.device.type == "cpu" else None
+        self.budget = budget.apply_budget(self.target, self.device)
+        self.planner.before_build(self.device, self.runtime_bytes)
         data: DataSource = instantiate(self.cfg.data)
         self.data_label = data.label
         self.notify("data", self.data_label)
@@ -149,6 +169,10 @@ class Job:
             for i in range(first, first + spec.steps):
                 self.durations.append(self._timed_step(i, warmup=False))
         self.mem = peak.read()
+        # where the peak went: one more step under torch's MemTracker, after the measured steps and their peak
+        self.breakdown, self.breakdown_reason = breakdown_bytes(self.workload, self.device)
+        self.failure = budget.budget_failure(self.target, self.mem, self.budget["budget_enforced_by"],
+                                             self.runtime_bytes)
 
     def _timed_step(self, index: int, warmup: bool) -> float:
         assert self.workload is not None and self.sampler is not None
@@ -167,7 +191,8 @@ class Job:
         units = self.workload.units_per_sample() if self.workload is not None else {}
         throughput = spec.batch_size * len(self.durations) / total_time if total_time > 0 else None
         telemetry = windows.summarize(samples, self.sampler.marks, self.interval_ms) if samples is not None else {
-            "unavailable": {k: "the job ended before sampling" for k in ("cpu_util_pct", "gpu_util_pct", "power_w", "energy_j")}}
+            "unavailable": {k: "the job ended before sampling" for k in ("cpu_util_pct", "gpu_util_pct", "power_w", "energy_j",
+                                                                           "mem_system_peak_bytes")}}
         summary: Dict[str, Any] = {
             "schema": results.SCHEMA,
             "model": spec.model,
@@ -186,13 +211,22 @@ class Job:
             "gpu_util_pct": telemetry.get("gpu_util_pct"),
             "power_w": telemetry.get("power_w"),
             "energy_j": telemetry.get("energy_j"),
-            "unavailable": telemetry["unavailable"],
+            "unavailable": {**telemetry["unavailable"],
+                            **({"mem_breakdown_bytes": self.breakdown_reason} if self.breakdown is None else {})},
             **self.mem,
+            # memory in use on the whole machine (MemTotal - MemAvailable): on a Jetson, whose GPU shares the
+            # DRAM, the figure the paper reports (tegrastats "RAM")
+            "mem_system_peak_bytes": telemetry.get("mem_system_peak_bytes"),
+            "mem_runtime_bytes": self.runtime_bytes,
+            "mem_breakdown_bytes": self.breakdown,
+            "mem_fragmentation_bytes": fragmentation_bytes(self.mem),
+            "target": self.target.name,
+            **self.budget,
             "parameters": self.parameters,
             "cudnn_benchmark": self.cudnn_benchmark,
             "memory_plan": self.planner.summary(self.mem),
             "sampler": {**(self.sampler.stats() if self.sampler else {}), "sensors": self.sensor_status},
-            "env": env.describe(self.device),
+            "env": env.describe(self.device, root=str(self.cfg.sampler.get("sysfs_root", "/"))),
             "config": OmegaConf.to_container(self.cfg, resolve=True),
         }
         if self.workload is not None:
@@ -209,12 +243,19 @@ def run_job(cfg: DictConfig, out_dir: Path, notify: Optional[Callable[[str, Any]
     child process; call this directly only where a job that kills its process may take the caller along.
     """
     job = Job(cfg, out_dir, notify)  # validates batch, steps, ... (UsageError)
-    lock = DeviceLock(job.device, str(cfg.get("device_lock", "wait")), str(cfg.get("lock_dir", "/tmp")))
-    lock.acquire()  # two jobs measuring one device at once spoil both: wait for (or refuse) the other
+    mode, lock_dir = str(cfg.get("device_lock", "wait")), str(cfg.get("lock_dir", "/tmp"))
+    # two jobs measuring one device at once spoil both: wait for (or refuse) the other. A GPU job also holds the
+    # CPU's lock (it reports CPU figures too, and a Jetson's GPU shares the CPU's DRAM and power rails); always
+    # taken in the order cpu, then the GPU, so that two jobs never wait for each other
+    devices = [torch.device("cpu")] + ([job.device] if job.device.type != "cpu" else [])
+    locks = [DeviceLock(d, mode, lock_dir) for d in devices]
     try:
+        for lock in locks:
+            lock.acquire()
         return _run_locked(job)
     finally:
-        lock.release()
+        for lock in reversed(locks):
+            lock.release()
 
 
 def _run_locked(job: Job) -> Dict[str, Any]:
@@ -241,6 +282,7 @@ def _run_locked(job: Job) -> Dict[str, Any]:
             samples = _stop_sampler(job)
             if not user_error:
                 _write_or_say(job, samples)
+                job.notify("summary", job.last_summary)  # before cleanup: a crash there must not lose it
             _release(job)
     return job.last_summary
 
@@ -260,12 +302,22 @@ class DeviceLock:
         key = "cpu" if device.type == "cpu" else f"{device.type}-{_device_uuid(device)}"
         self.path = Path(lock_dir) / f"mtbench-{key}.lock"
         self.fd: Optional[int] = None
+        self.writable = False
 
     def acquire(self) -> None:
         if self.mode == "off":
             return
         try:
             self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
+            self.writable = True
+            if os.fstat(self.fd).st_uid == os.geteuid():
+                os.fchmod(self.fd, 0o666)  # the umask took the others' write bit: every user shares this lock
+        except PermissionError:  # another user's file (or fs.protected_regular in /tmp): flock needs no write
+            try:
+                self.fd = os.open(self.path, os.O_RDONLY)
+            except OSError as exc:
+                raise UsageError(f"lock_dir={str(self.path.parent)!r}: cannot open {self.path.name} ({exc.strerror}); "
+                                 "allowed: a folder every mtbench user can write, or device_lock=off") from None
         except OSError as exc:
             raise UsageError(f"lock_dir={str(self.path.parent)!r}: cannot create {self.path.name} ({exc.strerror}); "
                              "allowed: a writable folder, or device_lock=off") from None
@@ -281,8 +333,9 @@ class DeviceLock:
             print(f"mtbench: waiting for {self.name}: another mtbench job (pid {holder}) is measuring it",
                   file=sys.stderr, flush=True)
             fcntl.flock(self.fd, fcntl.LOCK_EX)
-        os.ftruncate(self.fd, 0)
-        os.pwrite(self.fd, str(os.getpid()).encode(), 0)
+        if self.writable:
+            os.ftruncate(self.fd, 0)
+            os.pwrite(self.fd, str(os.getpid()).encode(), 0)
 
     def release(self) -> None:
         if self.fd is not None:
@@ -299,7 +352,8 @@ def _device_uuid(device: torch.device) -> str:
 
 @contextlib.contextmanager
 def _sigint_deferred():
-    """Hold SIGINT back while the block runs, then raise KeyboardInterrupt if one came."""
+    """Hold SIGINT back while the block runs, then give a held one to the handler that was there before
+    (which raises KeyboardInterrupt; a job process's handler also ignores any later one)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -309,8 +363,11 @@ def _sigint_deferred():
         yield
     finally:
         signal.signal(signal.SIGINT, previous)
-    if pending and previous is not signal.SIG_IGN:
-        raise KeyboardInterrupt
+    if pending:
+        if callable(previous):
+            previous(signal.SIGINT, None)
+        elif previous == signal.SIG_DFL:
+            raise KeyboardInterrupt
 
 
 def _stop_sampler(job: Job):
@@ -347,6 +404,7 @@ def _release(job: Job) -> None:
     job.workload = None
     try:
         memory.release_memory(job.device)
+        budget.release_budget(job.device)
     except Exception:
         log.warning("releasing memory after the job failed", exc_info=True)
 
@@ -374,7 +432,7 @@ def run_isolated(cfg: DictConfig, out_dir: Path, timing: Optional[Dict[str, floa
     out_dir = Path(out_dir)
     context = multiprocessing.get_context("fork")
     receiver, sender = context.Pipe(duplex=False)
-    oom_kills_before = oom_kill_count()
+    oom_before = OomKills()
     child = context.Process(target=_child_main, args=(cfg, out_dir, sender, os.getpid()), name="mtbench-job")
     child.start()
     sender.close()
@@ -384,7 +442,8 @@ def run_isolated(cfg: DictConfig, out_dir: Path, timing: Optional[Dict[str, floa
     while True:
         try:
             if receiver.poll(0.1):
-                kind, payload = receiver.recv()
+                with _sigint_deferred():  # a message is read whole, or the pipe would lose its framing
+                    kind, payload = receiver.recv()
                 messages[kind] = payload
             elif not alive:
                 break  # it exited and everything it sent has been read
@@ -407,8 +466,9 @@ def run_isolated(cfg: DictConfig, out_dir: Path, timing: Optional[Dict[str, floa
         raise UsageError(messages["usage"])
     summary = messages.get("summary")
     if summary is None:
-        summary = _summary_of_dead_job(cfg, out_dir, child.exitcode, messages, oom_kill_count() - oom_kills_before
-                                       if oom_kills_before is not None else None)
+        if interrupted:
+            messages["interrupted"] = True
+        summary = _summary_of_dead_job(cfg, out_dir, child.exitcode, messages, oom_before.since())
     if interrupted or messages.get("interrupted"):
         raise KeyboardInterrupt
     return summary
@@ -439,6 +499,7 @@ def _child_main(cfg: DictConfig, out_dir: Path, sender, parent_pid: int) -> None
     except UsageError as exc:
         sender.send(("usage", str(exc)))
     except KeyboardInterrupt:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # its summary is on the way; more Ctrl-C change nothing
         sender.send(("interrupted", True))
         try:
             sender.send(("summary", results.read_summary(out_dir)))
@@ -459,10 +520,47 @@ def signal_name(number: int) -> str:
         return f"signal {number}"
 
 
-def oom_kill_count() -> Optional[int]:
-    """How many processes the kernel's OOM killer has killed since boot (/proc/vmstat, Linux >= 4.13)."""
+class OomKills:
+    """Kills by the kernel's OOM killer while a job ran, from the job's own memory cgroup (v2 memory.events,
+    v1 memory.oom_control: each counts the kills of its processes, by the global OOM killer too); only the
+    machine-wide count in /proc/vmstat where no cgroup file is readable (then it cannot say whose)."""
+
+    def __init__(self) -> None:
+        self.path = _memcg_oom_file()
+        self.before = _read_oom_kill(self.path) if self.path else None
+        self.machine_before = _read_oom_kill("/proc/vmstat")
+
+    def since(self) -> Dict[str, Any]:
+        """{"own": kills in the job's cgroup or None, "machine": kills on the machine or None, "file": ...}"""
+        own = _read_oom_kill(self.path) if self.path else None
+        machine = _read_oom_kill("/proc/vmstat")
+        return {"own": None if own is None or self.before is None else own - self.before,
+                "machine": None if machine is None or self.machine_before is None else machine - self.machine_before,
+                "file": self.path}
+
+
+def _memcg_oom_file() -> Optional[str]:
+    """This process's memory cgroup counter file (a forked job stays in its parent's cgroup)."""
     try:
-        with open("/proc/vmstat", "rb") as f:
+        with open("/proc/self/cgroup") as f:
+            lines = [line.rstrip("\n").split(":", 2) for line in f]
+    except OSError:
+        return None
+    for _, controllers, path in lines:
+        if controllers == "":  # cgroup v2
+            candidate = os.path.join("/sys/fs/cgroup", path.lstrip("/"), "memory.events")
+        elif "memory" in controllers.split(","):  # cgroup v1
+            candidate = os.path.join("/sys/fs/cgroup/memory", path.lstrip("/"), "memory.oom_control")
+        else:
+            continue
+        if _read_oom_kill(candidate) is not None:
+            return candidate
+    return None
+
+
+def _read_oom_kill(path: str) -> Optional[int]:
+    try:
+        with open(path, "rb") as f:
             for line in f:
                 if line.startswith(b"oom_kill "):
                     return int(line.split()[1])
@@ -472,7 +570,7 @@ def oom_kill_count() -> Optional[int]:
 
 
 def _summary_of_dead_job(cfg: DictConfig, out_dir: Path, exitcode: Optional[int], messages: Dict[str, Any],
-                         oom_kills: Optional[int]) -> Dict[str, Any]:
+                         oom_kills: Dict[str, Any]) -> Dict[str, Any]:
     """The summary of a job whose process ended without sending one, written by the parent."""
     if "interrupted" in messages:  # Ctrl-C before the job had anything to write
         failure = {"kind": "interrupted", "message": "interrupted by the user (Ctrl-C)"}
@@ -481,11 +579,14 @@ def _summary_of_dead_job(cfg: DictConfig, out_dir: Path, exitcode: Optional[int]
                    "message": messages["crashed"]}
     elif exitcode is not None and exitcode < 0:
         name = signal_name(-exitcode)
-        if exitcode == -signal.SIGKILL and oom_kills:
+        if exitcode == -signal.SIGKILL and oom_kills["own"]:
             failure = {"kind": "oom", "message": f"the job's process was killed by the kernel's OOM killer ({name}; "
-                                                 f"oom_kill in /proc/vmstat rose by {oom_kills} while it ran)"}
+                                                 f"oom_kill in {oom_kills['file']} rose by {oom_kills['own']} while it ran)"}
         else:
             failure = {"kind": "killed", "message": f"the job's process was killed by signal {-exitcode} ({name})"}
+            if exitcode == -signal.SIGKILL and oom_kills["own"] is None and oom_kills["machine"]:
+                failure["message"] += (f"; the OOM killer killed {oom_kills['machine']} process(es) on this machine "
+                                       "meanwhile (/proc/vmstat), possibly this one: no cgroup counter says whose")
     else:
         failure = {"kind": "error", "message": f"the job's process exited with code {exitcode} before writing its results"}
     spec = JobSpec.from_cfg(cfg)
@@ -510,6 +611,8 @@ def _summary_of_dead_job(cfg: DictConfig, out_dir: Path, exitcode: Optional[int]
         "unavailable": unavailable,
         "mem_peak_bytes": None,
         "mem_peak_source": None,
+        "target": cfg.get("target", {}).get("name", "none"),
+        "budget_bytes": cfg.get("target", {}).get("memory_budget_bytes"),
         "sampler": {"interval_ms": cfg.sampler.interval_ms, "samples": 0},
         "env": started.get("env") or env.host(),
         "config": OmegaConf.to_container(cfg, resolve=True),

@@ -15,7 +15,7 @@ import sys
 import time
 from datetime import datetime
 from pathlib import Path
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 from mtbench import env, results
 from mtbench.marker import ENV as STEP_FILE_ENV
@@ -42,6 +42,8 @@ def parse_args(argv: List[str]) -> argparse.Namespace:
     parser.add_argument("--sysfs-root", default="/", help="where sysfs is found (default /)")
     parser.add_argument("--warmup", type=int, default=0, help="marked steps to leave out of the figures (default 0)")
     parser.add_argument("--out", default=None, help="output folder (default mtbench-sample/<date>/<time>)")
+    parser.add_argument("--kill-after-s", type=float, default=5.0,
+                        help="after a second Ctrl-C, seconds between SIGTERM and SIGKILL to the command (default 5)")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
     args = parser.parse_args(argv)
     if args.command and args.command[0] == "--":
@@ -52,6 +54,8 @@ def parse_args(argv: List[str]) -> argparse.Namespace:
         _fail(f"--interval-ms={args.interval_ms} is out of range; allowed: a number > 0")
     if args.warmup < 0:
         _fail(f"--warmup={args.warmup} is out of range; allowed: a whole number >= 0")
+    if not args.kill_after_s >= 0:
+        _fail(f"--kill-after-s={args.kill_after_s} is out of range; allowed: a number >= 0")
     return args
 
 
@@ -94,13 +98,9 @@ def main(argv: Optional[List[str]] = None) -> None:
     procfs = ProcfsSensor(pid=child.pid, tree=True)
     status.insert(0, {"name": "procfs", "available": True, "reason": None, "fields": [f.name for f in procfs.fields()]})
     sampler = Sampler([procfs] + extra, args.interval_ms).start()
-    interrupted = False
-    try:
-        code = child.wait()
-    except KeyboardInterrupt:  # Ctrl-C reached the command too (same process group): let it finish
-        interrupted = True
-        code = child.wait()
+    code, interrupted = wait_for(child, args.kill_after_s)
     t_end = time.monotonic()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # what was sampled is written, whatever the keyboard does now
     samples = sampler.stop()
     for sensor in sampler.sensors:
         sensor.close()
@@ -108,7 +108,32 @@ def main(argv: Optional[List[str]] = None) -> None:
     for m in marks:
         sampler.mark_step(m.index, m.start_s, m.end_s, m.warmup)
     write(out, args, code, interrupted, samples, sampler, marks, status, t_start, t_end)
+    if interrupted:
+        sys.exit(130)  # as a shell reports Ctrl-C
     sys.exit(code if code >= 0 else 128 - code)  # a signal -N exits as 128 + N, as a shell reports it
+
+
+def wait_for(child: subprocess.Popen, kill_after_s: float) -> Tuple[int, bool]:
+    """The command's exit code, and whether the user interrupted it. A first Ctrl-C reached the command too
+    (same process group): it is left to finish. A second one ends it: SIGTERM, then SIGKILL after
+    `kill_after_s`, so that no command outlives mtbench-sample."""
+    interrupts = 0
+    while True:
+        try:
+            if interrupts < 2:
+                return child.wait(), interrupts > 0
+            signal.signal(signal.SIGINT, signal.SIG_IGN)  # a third Ctrl-C must not cut this short
+            child.terminate()
+            try:
+                return child.wait(timeout=kill_after_s), True
+            except subprocess.TimeoutExpired:
+                child.kill()
+                return child.wait(), True
+        except KeyboardInterrupt:
+            interrupts += 1
+            if interrupts == 2:
+                print(f"mtbench-sample: second Ctrl-C: stopping the command (SIGTERM, SIGKILL after "
+                      f"{kill_after_s:g} s)", file=sys.stderr)
 
 
 def write(out, args, code, interrupted, samples, sampler, marks, status, t_start, t_end) -> None:
@@ -134,6 +159,8 @@ def write(out, args, code, interrupted, samples, sampler, marks, status, t_start
         "warmup_steps": len(marks) - len(measured), "measured_steps": len(measured),
         "step_time_s": results.stats(durations), "throughput_samples_per_s": None,
         **{k: telemetry.get(k) for k in ("cpu_util_pct", "process_cpu_pct", "gpu_util_pct", "power_w", "energy_j")},
+        # system RAM in use (MemTotal - MemAvailable): on a Jetson, the memory CPU and GPU share
+        "mem_system_peak_bytes": telemetry.get("mem_system_peak_bytes"),
         "unavailable": dict(telemetry["unavailable"], throughput_samples_per_s="the command's batch size is unknown"),
         # sampled every interval: a spike shorter than one interval can be missed
         "mem_peak_bytes": int(max(v for v in rss if v == v)) if rss is not None and (rss == rss).any() else None,

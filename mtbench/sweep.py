@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import sys
 from pathlib import Path
 from typing import Any, List, Optional
 
@@ -38,6 +39,28 @@ def sweep_size(overrides: List[str]) -> Optional[int]:
     return n
 
 
+def sweep_problem(config: DictConfig) -> Optional[str]:
+    """What makes this sweep's composed config unfit to measure, or None: a launcher that runs jobs at once on
+    this machine (jobs that measure one device at once spoil each other's figures; the device lock would make them
+    wait) unless allow_parallel=true, or an energy objective with no power sensor."""
+    launcher = config.hydra.launcher
+    target = str(launcher.get("_target_", ""))
+    parallel = None
+    if target.endswith("JoblibLauncher") and launcher.get("n_jobs", -1) != 1:
+        parallel = "hydra/launcher=joblib runs several jobs at once (hydra.launcher.n_jobs=1 runs one at a time)"
+    elif target.endswith("submitit_launcher.LocalLauncher"):
+        parallel = "hydra/launcher=submitit_local runs all jobs at once"
+    elif target.endswith("RayLauncher") and not (launcher.get("ray") or {}).get("init", {}).get("address"):
+        parallel = "hydra/launcher=ray on a local cluster (no hydra.launcher.ray.init.address) runs several jobs at once"
+    if parallel and not config.get("allow_parallel", False):
+        return (f"{parallel} on this machine, and jobs that measure one device at once spoil each other's figures; "
+                "allow_parallel=true runs them anyway (each job still waits for the device lock)")
+    if config.get("objective") == "energy_per_sample_j" and list(config.sampler.sensors) == ["procfs"]:
+        return ("objective=energy_per_sample_j needs a power sensor and sampler=procfs has none; allowed: "
+                "sampler=jetson, jtop, nvml, rapl or auto")
+    return None
+
+
 def summaries_in_job_order(root: Path) -> List[Path]:
     """Every summary.json under `root`, ordered by job number (Hydra's subdir starts with it: 2 before 10)."""
     def key(path: Path):
@@ -57,6 +80,10 @@ class SweepProgress(Callback):
         self.done = 0
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        problem = sweep_problem(config)
+        if problem:  # before any job runs, as for every other bad value
+            print(f"mtbench: error: {problem}", file=sys.stderr)
+            sys.exit(2)
         try:
             self.total = sweep_size(list(config.hydra.overrides.task))
         except Exception:

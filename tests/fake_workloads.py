@@ -89,3 +89,16 @@ class Interrupted(_Base):
         self.steps += 1
         if self.steps == 2:
             raise KeyboardInterrupt
+
+
+class CrashOnClose(_Base):
+    """Trains, then its process dies of SIGSEGV while the workload is released (as a driver teardown can)."""
+
+    def step(self) -> None:
+        pass
+
+    def close(self) -> None:
+        import os
+        import signal
+
+        os.kill(os.getpid(), signal.SIGSEGV)

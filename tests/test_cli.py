@@ -120,14 +120,16 @@ def test_objective_is_what_a_sweeper_gets():
     assert objective_value(ok, "step_time_s") == 0.5
     assert objective_value(ok, "throughput") == 8.0
     assert objective_value(ok, "energy_per_sample_j") == 0.5
-    assert math.isnan(objective_value(dict(ok, energy_j=None), "energy_per_sample_j"))  # no power sensor
-    assert math.isnan(objective_value(dict(ok, success=False), "throughput"))
+    # without the figure, the worst value for the direction (Optuna < 3 ends the study on NaN)
+    assert objective_value(dict(ok, energy_j=None), "energy_per_sample_j") == math.inf
+    assert objective_value(dict(ok, success=False), "throughput") == -math.inf
+    assert objective_value(dict(ok, success=False), "step_time_s") == math.inf
 
 
 @pytest.mark.parametrize("args, needle", [
     (["device_lock=maybe"], "device_lock='maybe' is not known; allowed: wait, fail, off"),
     (["objective=speed"], "objective='speed' is not known; allowed: step_time_s, throughput, energy_per_sample_j"),
-    (["-m", "hydra/launcher=joblib", "batch=1,2"], "hydra/launcher=joblib runs several jobs at once"),
+    (["-m", "objective=energy_per_sample_j", "batch=1,2"], "objective=energy_per_sample_j needs a power sensor"),
 ])
 def test_run_settings_are_checked_before_any_job(args, needle, tmp_path):
     proc = mtbench_cli(*args, f"hydra.run.dir={tmp_path}", f"hydra.sweep.dir={tmp_path}")
@@ -145,3 +147,42 @@ def test_optuna_searches_batch_size_by_the_objective(tmp_path):
     assert len(summaries) == 2
     best = max(summaries, key=lambda s: s["throughput_samples_per_s"])
     assert f"Best parameters: {{'batch': {best['batch_size']}}}" in proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("launcher, parallel", [
+    ({"_target_": "hydra._internal.core_plugins.basic_launcher.BasicLauncher"}, False),
+    ({"_target_": "hydra_plugins.hydra_joblib_launcher.joblib_launcher.JoblibLauncher", "n_jobs": -1}, True),
+    ({"_target_": "hydra_plugins.hydra_joblib_launcher.joblib_launcher.JoblibLauncher", "n_jobs": 1}, False),
+    ({"_target_": "hydra_plugins.hydra_submitit_launcher.submitit_launcher.LocalLauncher"}, True),
+    ({"_target_": "hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher"}, False),
+    ({"_target_": "hydra_plugins.hydra_ray_launcher.ray_launcher.RayLauncher", "ray": {"init": {"address": None}}}, True),
+    ({"_target_": "hydra_plugins.hydra_ray_launcher.ray_launcher.RayLauncher",
+      "ray": {"init": {"address": "10.0.0.1:6379"}}}, False),
+])
+def test_launchers_that_run_jobs_at_once_here_need_allow_parallel(launcher, parallel):
+    from omegaconf import OmegaConf
+
+    from mtbench.sweep import sweep_problem
+
+    for allow in (False, True):
+        cfg = OmegaConf.create({"hydra": {"launcher": launcher}, "allow_parallel": allow, "objective": "step_time_s",
+                                "sampler": {"sensors": ["procfs"]}})
+        problem = sweep_problem(cfg)
+        assert (problem is not None) == (parallel and not allow), problem
+        assert problem is None or "allow_parallel=true runs them anyway" in problem
+
+
+def test_a_failed_trial_does_not_end_an_optuna_search(tmp_path):
+    pytest.importorskip("hydra_plugins.hydra_optuna_sweeper")
+    proc = mtbench_cli("-m", "hydra/sweeper=optuna", "hydra.sweeper.n_trials=1", "model=squeezenet", "device=cpu",
+                       "warmup=0", "steps=1", "batch=choice(1000000000)", f"hydra.sweep.dir={tmp_path}")
+    assert proc.returncode == 0, proc.stderr  # the out-of-memory trial is the worst value, not a crash
+    (summary,) = [json.loads(p.read_text()) for p in tmp_path.rglob("summary.json")]
+    assert summary["failure"]["kind"] == "oom"
+
+
+def test_help_of_subcommands_and_of_a_sweep():
+    proc = mtbench_cli("report", "--help")
+    assert proc.returncode == 0 and "usage: mtbench report DIR" in proc.stdout, proc.stderr
+    proc = mtbench_cli("--help", "model=resnet50,vgg16")
+    assert proc.returncode == 0 and "== Configuration groups ==" in proc.stdout, proc.stderr

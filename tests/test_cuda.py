@@ -55,9 +55,11 @@ def test_nvml_gives_power_energy_and_utilization(run):
     pytest.importorskip("pynvml")
     s = run(CUDA + ["model=resnet50", "batch=64", "sampler=nvml", "steps=20"])
     assert s["success"], s["failure"]
-    assert s["gpu_util_pct"]["mean"] > 0
-    assert s["power_w"]["gpu0"] > 20
-    assert s["energy_j"]["source_by_rail"]["gpu0"] in ("counter", "power_integral")
+    # only the GPU the job trains on counts (matched by UUID); a busy GPU draws well above idle and below 1.2 kW
+    rails = s["energy_j"]["total_rails"]
+    assert len(rails) == 1, s["energy_j"]
+    assert s["gpu_util_pct"]["mean"] > 10
+    assert 20 < s["power_w"][rails[0]] < 1200
     assert s["energy_j"]["per_step_mean"] > 0
 
 

@@ -108,3 +108,131 @@ def test_ctrl_c_to_the_parent_reaches_the_job(tmp_path):
     assert proc.returncode == 130, err
     s = json.loads((tmp_path / "job" / "summary.json").read_text())
     assert s["failure"]["kind"] == "interrupted" and s["measured_steps"] >= 1, s["failure"]
+
+
+def test_a_crash_while_releasing_keeps_the_jobs_results(tmp_path):
+    proc = isolated(tmp_path / "job", *FAKE, "model.workload._target_=tests.fake_workloads.CrashOnClose", "steps=3")
+    assert proc.returncode == 0, proc.stderr
+    s = json.loads((tmp_path / "job" / "summary.json").read_text())
+    assert s["success"] is True and s["measured_steps"] == 3, s["failure"]
+
+
+def test_a_deferred_ctrl_c_goes_to_the_job_handler_once():
+    from mtbench.runner import _sigint_deferred
+
+    calls = []
+
+    def on_sigint(signum, frame):  # as a job's process handles it: the first ends the job, later ones do nothing
+        calls.append(signum)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            with _sigint_deferred():
+                os.kill(os.getpid(), signal.SIGINT)
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(0.05)
+        assert calls == [signal.SIGINT]
+        assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN  # the forwarded second one changes nothing
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def test_resume_runs_an_interrupted_job_again(tmp_path):
+    from mtbench.cli import finished_summary
+    from tests.conftest import compose_cfg
+    from omegaconf import OmegaConf
+
+    cfg = compose_cfg(["model=squeezenet", "batch=1"])
+    config = OmegaConf.to_container(cfg, resolve=True)
+    for failure, finished in ((None, True), ({"kind": "oom", "message": "x"}, True),
+                              ({"kind": "interrupted", "message": "interrupted by the user (Ctrl-C)"}, False)):
+        (tmp_path / "summary.json").write_text(json.dumps({"success": failure is None, "failure": failure,
+                                                           "config": config}))
+        assert (finished_summary(str(tmp_path), cfg) is not None) == finished, failure
+    (tmp_path / "summary.json").write_text(json.dumps({"success": True, "failure": None, "config": dict(config, batch=2)}))
+    assert finished_summary(str(tmp_path), cfg) is None  # another configuration
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as a second user")
+def test_the_device_lock_is_shared_by_every_user(tmp_path):
+    import tempfile
+
+    import torch
+
+    from mtbench.runner import DeviceLock
+
+    shared = tempfile.mkdtemp(dir="/tmp")
+    os.chmod(shared, 0o1777)  # like /tmp itself
+    try:
+        lock = DeviceLock(torch.device("cpu"), "wait", shared)
+        lock.acquire()
+        lock.release()
+        pid = os.fork()  # a second user: the lock code only (no torch op runs in this child)
+        if pid == 0:
+            code = 4
+            try:
+                os.setgid(65534)
+                os.setuid(65534)  # nobody
+                other = DeviceLock(torch.device("cpu"), "fail", shared)
+                other.acquire()
+                other.release()
+                code = 0
+            except Exception:
+                code = 3
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.WEXITSTATUS(status) == 0  # 3: the second user could not take the lock
+    finally:
+        for name in os.listdir(shared):
+            os.unlink(os.path.join(shared, name))
+        os.rmdir(shared)
+
+
+def _memory_cgroup(tmp_name: str, limit_bytes: int):
+    """A memory cgroup with a limit under this process's own (v1 or v2), or None where none can be made here."""
+    try:
+        lines = [line.rstrip("\n").split(":", 2) for line in open("/proc/self/cgroup")]
+    except OSError:
+        return None
+    for _, controllers, path in lines:
+        if controllers == "":
+            base, limit_file = os.path.join("/sys/fs/cgroup", path.lstrip("/")), "memory.max"
+        elif "memory" in controllers.split(","):
+            base, limit_file = os.path.join("/sys/fs/cgroup/memory", path.lstrip("/")), "memory.limit_in_bytes"
+        else:
+            continue
+        group = os.path.join(base, tmp_name)
+        try:
+            os.mkdir(group)
+            with open(os.path.join(group, limit_file), "w") as f:
+                f.write(str(limit_bytes))
+            return group
+        except OSError:
+            try:
+                os.rmdir(group)
+            except OSError:
+                pass
+    return None
+
+
+def test_the_kernels_oom_killer_is_recorded_as_oom(tmp_path):
+    """The real failure: the job outgrows a memory cgroup's limit and the kernel's OOM killer kills it."""
+    group = _memory_cgroup(f"mtbench-test-{os.getpid()}", 1_200_000_000)
+    if group is None:
+        pytest.skip("no memory cgroup can be made here (needs root and a writable memory controller)")
+    try:
+        env = dict(os.environ, PYTHONPATH=str(REPO))
+        # the sweep's own process holds torch's libraries (~0.5 GB); VGG16's weights, gradients and momentum 1.6 GB
+        cmd = (f"echo $$ > {group}/cgroup.procs && exec {sys.executable} -m mtbench model=vgg16 batch=2 device=cpu "
+               f"warmup=0 steps=1 hydra.run.dir={tmp_path / 'job'} lock_dir={tmp_path}")
+        proc = subprocess.run(["sh", "-c", cmd], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+        s = json.loads((tmp_path / "job" / "summary.json").read_text())
+        assert proc.returncode == 1, proc.stderr
+        assert s["failure"]["kind"] == "oom", s["failure"]
+        assert "OOM killer" in s["failure"]["message"]
+    finally:
+        os.rmdir(group)

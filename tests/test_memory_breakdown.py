@@ -22,7 +22,8 @@ class TinyCNN:
             torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
             torch.nn.Conv2d(8, 8, 3, padding=1), torch.nn.ReLU(),
             torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(8, 10))
-        self.optimizer = torch.optim.SGD(self.net.parameters(), lr=0.01, momentum=0.9)
+        # as the suite's CNNs (conf/model/_cnn.yaml): weight decay makes temporaries inside optimizer.step()
+        self.optimizer = torch.optim.SGD(self.net.parameters(), lr=0.01, momentum=0.9, weight_decay=5e-4)
         self.batches = [(torch.randn(batch, 3, 32, 32), torch.randint(0, 10, (batch,))) for _ in range(batches)]
         self.i = 0
 
@@ -79,7 +80,7 @@ def test_parameters_optimizer_state_and_inputs_are_exact_for_fp32():
     out = _measured(workload)
     count = sum(p.numel() for p in workload.net.parameters())
     assert out["parameters"] == 4 * count
-    assert out["optimizer_state"] == 4 * count  # one momentum buffer per parameter
+    assert out["optimizer_state"] == 4 * count  # one momentum buffer per parameter, not the update's temporaries
     held = sum(t.numel() * t.element_size() for batch in workload.batches for t in batch)
     assert out["inputs"] == held  # every batch the workload prepared, not only the one in use
 
@@ -129,3 +130,47 @@ def test_cuda_breakdown_matches_the_allocator_peak():
     # the caching allocator rounds every block up (512 B at least) and keeps cuDNN workspaces the tracker
     # does not see as tensors: the tracked peak is at most the allocator's
     assert out["tracked_peak"] <= out["allocator_peak"] * 1.02
+
+
+class WideMLP(TinyCNN):
+    """Parameter-heavy at batch 1: the step's peak falls inside optimizer.step(), among its temporaries."""
+
+    def __init__(self) -> None:
+        torch.manual_seed(0)
+        self.net = torch.nn.Sequential(torch.nn.Linear(512, 512), torch.nn.ReLU(), torch.nn.Linear(512, 10))
+        self.optimizer = torch.optim.SGD(self.net.parameters(), lr=0.01, momentum=0.9, weight_decay=5e-4)
+        self.batches = [(torch.randn(1, 512), torch.randint(0, 10, (1,)))]
+        self.i = 0
+
+
+def test_optimizer_update_temporaries_are_other_not_state(monkeypatch):
+    from mtbench.memory import breakdown
+
+    workload = WideMLP()
+    count = sum(p.numel() for p in workload.net.parameters())
+    raw = _measured_with(workload, monkeypatch, breakdown)
+    assert raw["optimizer_state"] > 4 * count  # what MemTracker alone calls optimizer state: temporaries too
+    out = _measured(WideMLP())
+    assert out["optimizer_state"] == 4 * count
+    assert out["other"] == raw["other"] + raw["optimizer_state"] - 4 * count
+    assert out["tracked_peak"] == raw["tracked_peak"]
+
+
+def _measured_with(workload, monkeypatch, breakdown) -> dict:
+    with monkeypatch.context() as m:
+        m.setattr(breakdown, "_optimizer_state_bytes", lambda optimizers, device: 10**15)  # no correction
+        return _measured(workload)
+
+
+def test_the_tracked_step_leaves_nothing_alive():
+    # MemTracker's module hooks form a cycle through the autograd graph that gc cannot see; without removing
+    # them the first layer's weights outlive the workload (the next job in the process then reads their memory)
+    import gc
+    import weakref
+
+    workload = TinyCNN(4)
+    first = weakref.ref(workload.net[0].weight)
+    _measured(workload)
+    del workload
+    gc.collect()
+    assert first() is None

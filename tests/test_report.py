@@ -3,13 +3,16 @@ from __future__ import annotations
 
 import csv
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 
 from mtbench.errors import UsageError
 from mtbench.report import make_report
 from mtbench.runner import run_job
-from tests.conftest import compose_cfg, mtbench_cli
+from tests.conftest import REPO, compose_cfg, mtbench_cli
 from tests.fake_sysfs import make_tx2
 from tests.test_telemetry import TX2_POWER
 
@@ -69,3 +72,49 @@ def test_sweep_prints_progress_and_a_table(tmp_path):
     assert f"sweep: {tmp_path}" in proc.stdout and "1-squeezenet-b4" in proc.stdout
     assert len(list(tmp_path.rglob("summary.json"))) == 2
     json.loads(next(tmp_path.rglob("summary.json")).read_text())
+
+
+def test_report_of_a_mtbench_sample_folder(tmp_path):
+    """Issue 8 item 12: a `mtbench-sample` output (model and batch_size null) is reported, not a crash."""
+    out = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "mtbench.sample_cli", "--sensors", "none", "--out", str(out), "--",
+                           sys.executable, "-c", "import time; time.sleep(0.2)"],
+                          capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(REPO)), cwd=REPO)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads((out / "summary.json").read_text())["batch_size"] is None
+    report = make_report(tmp_path)
+    with open(report / "summary.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert rows[0]["job"] == "run" and rows[0]["batch_size"] == ""
+    text = (report / "README.md").read_text()
+    assert "| run | None | None | host |" in text and "Without a batch size" in text
+
+
+OPS = [["name", "device", "calls", "total_s", "share_of_step_time", "power_w_gpu0", "energy_j_gpu0", "energy_j",
+        "cpu_util_pct", "gpu_util_pct"],
+       ["volta_sgemm_128x64_nn", "cuda", 40, 0.020, 0.4, 250.0, 5.0, 5.0, "", 95.0],
+       ["void at::native::vectorized_elementwise_kernel", "cuda", 80, 0.010, 0.2, 240.0, 2.4, 2.4, "", 90.0],
+       ["aten::conv2d", "cpu", 40, 0.015, 0.3, "", "", "", 60.0, ""],  # host ops: time only on a GPU
+       ["aten::addmm", "cpu", 40, 0.005, 0.1, "", "", "", 55.0, ""],
+       ["[no op]", "", 0, 0.002, 0.04, 100.0, 0.2, 0.2, "", ""]]
+
+
+def test_profile_figure_shows_kernel_energy_beside_host_rows(tmp_path, monkeypatch):
+    """Issue 8 item 12: on a GPU the kernel rows have energy, the host rows do not: energy was measured."""
+    from mtbench import report
+
+    job = tmp_path / "job"
+    job.mkdir()
+    (job / "ops.csv").write_text("\n".join(",".join(str(v) for v in row) for row in OPS) + "\n")
+    said = []
+    real = report._not_measured
+    monkeypatch.setattr(report, "_not_measured", lambda ax, what: (said.append(what), real(ax, what)))
+    name = report.fig_profile({"_dir": "job", "model": "resnet50", "batch_size": 8, "profiled": True}, tmp_path,
+                              tmp_path)
+    assert name and (tmp_path / name).stat().st_size > 10_000
+    assert "energy per operation" not in said
+    # and where no row has energy (no power sensor), the figure says so
+    (job / "ops.csv").write_text("\n".join(",".join("" if i in (5, 6, 7) and k else str(v) for i, v in enumerate(row))
+                                           for k, row in enumerate(OPS)) + "\n")
+    report.fig_profile({"_dir": "job", "model": "resnet50", "batch_size": 8, "profiled": True}, tmp_path, tmp_path)
+    assert "energy per operation" in said

@@ -4,8 +4,10 @@ from __future__ import annotations
 import csv
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -14,16 +16,34 @@ from tests.conftest import REPO
 
 BUSY = "import time\nt = time.monotonic()\nwhile time.monotonic() - t < {s}: pass\n"
 MARKED = """
-import time
+import sys, time
 from mtbench.marker import step
+cpu = wall = 0.0
 for i in range(5):
     with step():
-        t = time.monotonic()
+        t, c = time.monotonic(), time.process_time()
         while time.monotonic() - t < 0.1:
             pass
+        if i:  # the CPU the measured steps got (on a loaded machine a spinning loop is not always on a core)
+            cpu, wall = cpu + time.process_time() - c, wall + time.monotonic() - t
     time.sleep(0.02)
+print("truth", 100 * cpu / wall, file=sys.stderr)
 raise SystemExit(3)
 """
+# runs the command and prints "<wall s> <user s> <system s>" of its whole tree, as GNU time's "%e %U %S" does
+# (the kernel's rusage of every waited-for descendant); used where /usr/bin/time is not installed
+RUSAGE = ("import resource, subprocess, sys, time; t = time.monotonic(); subprocess.run(sys.argv[1:]); "
+          "w = time.monotonic() - t; r = resource.getrusage(resource.RUSAGE_CHILDREN); "
+          "print(w, r.ru_utime, r.ru_stime, file=sys.stderr)")
+TIMER = ["/usr/bin/time", "-f", "%e %U %S"] if os.path.exists("/usr/bin/time") else [sys.executable, "-c", RUSAGE]
+
+
+def timer_cpu_pct(stderr: str) -> float:
+    """The tree's CPU in % of one core over its wall time, from TIMER's last line: the truth of the same run
+    (on a machine other jobs load, a busy loop gets less than a full core)."""
+    wall, user, system = next(map(float, line.split()) for line in reversed(stderr.splitlines())
+                              if len(line.split()) == 3 and line.replace(".", "").replace(" ", "").isdigit())
+    return 100 * (user + system) / wall
 
 
 def sample(*args, timeout=120):
@@ -33,15 +53,15 @@ def sample(*args, timeout=120):
 
 
 def test_busy_loop_is_sampled(tmp_path):
-    proc = sample("--sensors", "none", "--out", str(tmp_path), "--", sys.executable, "-c", BUSY.format(s=1.0))
+    proc = sample("--sensors", "none", "--out", str(tmp_path), "--", *TIMER, sys.executable, "-c", BUSY.format(s=1.0))
     assert proc.returncode == 0, proc.stderr
     s = json.loads((tmp_path / "summary.json").read_text())
     for key in REQUIRED_KEYS:
         assert key in s, key
     assert s["model"] is None and s["success"] is True and s["window"] == "whole run"
-    assert s["sampler"]["samples"] >= 150
-    # a single-threaded busy loop: one full core for the command's tree
-    assert s["process_cpu_pct"] == pytest.approx(100, abs=10)
+    assert s["sampler"]["samples"] >= 100  # of 200 asked: fidelity is benchmarks/sampler.py's, not a timed test
+    # a single-threaded busy loop: one full core for the command's tree (where the machine has one free)
+    assert s["process_cpu_pct"] == pytest.approx(timer_cpu_pct(proc.stderr), abs=10)
     assert s["cpu_util_pct"]["mean"] * len(s["cpu_util_pct"]["per_core"]) >= 85
     assert s["mem_peak_bytes"] > 1_000_000
     assert (tmp_path / "samples.csv").exists() and not (tmp_path / "steps.csv").exists()
@@ -50,10 +70,10 @@ def test_busy_loop_is_sampled(tmp_path):
 def test_process_tree_through_a_shell(tmp_path):
     # the shell forks python as a child: its CPU is the tree's
     script = f"{sys.executable} -c '{BUSY.format(s=0.6)}' ; true"
-    proc = sample("--sensors", "none", "--out", str(tmp_path), "--", "bash", "-c", script)
+    proc = sample("--sensors", "none", "--out", str(tmp_path), "--", *TIMER, "bash", "-c", script)
     assert proc.returncode == 0, proc.stderr
     s = json.loads((tmp_path / "summary.json").read_text())
-    assert s["process_cpu_pct"] > 70
+    assert s["process_cpu_pct"] == pytest.approx(timer_cpu_pct(proc.stderr), abs=10)
 
 
 def test_marked_steps_and_exit_code_pass_through(tmp_path):
@@ -63,7 +83,8 @@ def test_marked_steps_and_exit_code_pass_through(tmp_path):
     assert s["success"] is False and s["exit_code"] == 3 and s["failure"]["kind"] == "error"
     assert s["warmup_steps"] == 1 and s["measured_steps"] == 4 and s["window"] == "marked steps"
     assert s["step_time_s"]["median"] == pytest.approx(0.1, abs=0.02)
-    assert s["process_cpu_pct"] == pytest.approx(100, abs=10)  # the figures cover the busy steps only
+    truth = float(next(line.split()[1] for line in proc.stderr.splitlines() if line.startswith("truth")))
+    assert s["process_cpu_pct"] == pytest.approx(truth, abs=10)  # the figures cover the busy steps only
     with open(tmp_path / "steps.csv") as f:
         rows = list(csv.DictReader(f))
     assert [r["warmup"] for r in rows] == ["1", "0", "0", "0", "0"]
@@ -97,3 +118,71 @@ def test_marker_without_the_variable_does_nothing(monkeypatch, tmp_path):
         pass
     start, end = map(float, (tmp_path / "steps.txt").read_text().split())
     assert 0 <= end - start < 0.1
+
+
+AWK_LOOP = 'for i in $(seq 25); do awk "BEGIN{for(i=0;i<1e6;i++)s+=i}"; done'
+
+
+def test_short_lived_children_are_counted(tmp_path):
+    """Issue 8 item 6: 25 awk processes of ~30 ms each, most born and reaped between two tree scans. The
+    truth comes from the same run: GNU time (or the kernel's rusage) around the command, inside the tree."""
+    proc = sample("--sensors", "none", "--out", str(tmp_path), "--", *TIMER, "bash", "-c", AWK_LOOP)
+    assert proc.returncode == 0, proc.stderr
+    measured = json.loads((tmp_path / "summary.json").read_text())["process_cpu_pct"]
+    truth = timer_cpu_pct(proc.stderr)
+    assert measured == pytest.approx(truth, abs=10), (measured, truth)
+
+
+STUBBORN = """
+import os, signal, sys, time
+signal.signal(signal.SIGINT, signal.SIG_IGN)  # a program that ignores Ctrl-C and SIGTERM
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+open(sys.argv[1], "w").write(str(os.getpid()))
+while True:
+    time.sleep(0.05)
+"""
+
+
+def test_second_ctrl_c_stops_the_command_and_writes_the_results(tmp_path):
+    """Issue 8 item 11: a second Ctrl-C ends the command (TERM, then KILL) without a traceback; exit 130."""
+    pid_file = tmp_path / "pid"
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    proc = subprocess.Popen([sys.executable, "-m", "mtbench.sample_cli", "--sensors", "none", "--kill-after-s", "0.5",
+                             "--out", str(tmp_path / "out"), "--", sys.executable, "-c", STUBBORN, str(pid_file)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO,
+                            start_new_session=True)  # its own process group, as a terminal's foreground job
+    deadline = time.monotonic() + 60
+    while not (pid_file.exists() and pid_file.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    child = int(pid_file.read_text())
+    os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C: the terminal signals the whole group
+    time.sleep(0.5)
+    os.killpg(proc.pid, signal.SIGINT)
+    try:
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err
+    with pytest.raises(ProcessLookupError):
+        os.kill(child, 0)
+    s = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert s["failure"]["kind"] == "interrupted" and s["sampler"]["samples"] > 0
+
+
+def test_system_memory_peak_is_reported(tmp_path):
+    """Issue 9: MemTotal - MemAvailable, sampled; the peak over the run is in the summary."""
+    proc = sample("--sensors", "none", "--out", str(tmp_path), "--", sys.executable, "-c",
+                  "import time; b = bytearray(200 * 2**20); time.sleep(0.3)")
+    assert proc.returncode == 0, proc.stderr
+    s = json.loads((tmp_path / "summary.json").read_text())
+    with open("/proc/meminfo") as f:
+        info = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in f}
+    used_now = info["MemTotal"] - info["MemAvailable"]
+    # a peak while 200 MiB were held: within what the machine holds, and near what it uses now + 200 MiB
+    assert 0 < s["mem_system_peak_bytes"] <= info["MemTotal"]
+    assert s["mem_system_peak_bytes"] > used_now - 2 * 2**30
+    with open(tmp_path / "samples.csv") as f:
+        used = [float(r["sys_mem_used_bytes"]) for r in csv.DictReader(f)]
+    assert max(used) == s["mem_system_peak_bytes"]

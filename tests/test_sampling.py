@@ -8,25 +8,27 @@ import time
 import numpy as np
 import pytest
 
-from mtbench.sampling.windows import cpu_utilization, process_cpu_pct
 from mtbench.sampling import Sampler, SensorUnavailable, aggregate, open_sensors
-from mtbench.sampling.procfs import ProcfsSensor, parse_proc_stat
+from mtbench.sampling.procfs import ProcfsSensor, parse_meminfo, parse_proc_stat
+from mtbench.sampling.sampler import Samples, StepMark
+from mtbench.sampling.sensor import COUNTER, GAUGE, Field
+from mtbench.sampling.windows import cpu_utilization, process_cpu_pct, summarize, system_memory_peak_bytes
 
 # A child that reports "go", then for `seconds` spins for `duty` of every 10 ms slice and sleeps the rest,
-# then prints the fraction of wall time it actually spent spinning (the truth, measured by the clock).
+# then prints the monotonic start and end of that loop and the CPU time it got in between (the truth, from
+# its own clock: on a loaded machine a spinning process is not on a core all the time it spins).
 CHILD = """
 import sys, time
 duty, seconds = float(sys.argv[1]), float(sys.argv[2])
 print("go", flush=True)
-start = time.perf_counter(); busy = 0.0
-while time.perf_counter() - start < seconds:
-    t = time.perf_counter()
-    while time.perf_counter() - t < 0.010 * duty:
+start = time.monotonic(); cpu0 = time.process_time()
+while time.monotonic() - start < seconds:
+    t = time.monotonic()
+    while time.monotonic() - t < 0.010 * duty:
         pass
-    busy += time.perf_counter() - t
     if duty < 1:
         time.sleep(0.010 * (1 - duty))
-print(busy / (time.perf_counter() - start), flush=True)
+print(start, time.monotonic(), time.process_time() - cpu0, flush=True)
 """
 
 
@@ -36,13 +38,12 @@ def test_cpu_of_a_known_load_within_5_points(duty):
     sensor = ProcfsSensor(pid=child.pid)
     sampler = Sampler([sensor], interval_ms=5).start()
     assert child.stdout.readline().strip() == "go"
-    start = time.monotonic()
-    time.sleep(1.0)  # the window lies wholly inside the child's loop
-    end = time.monotonic()
-    truth = float(child.stdout.readline()) * 100
+    start, end, cpu_s = map(float, child.stdout.readline().split())  # the window: the child's loop
+    time.sleep(0.05)
     child.wait()
     samples = sampler.stop()
     sensor.close()
+    truth = 100 * cpu_s / (end - start)
     measured = process_cpu_pct(samples, [(start, end)])
     assert measured == pytest.approx(truth, abs=5), (measured, truth)
     # the same ticks seen system-wide: the busy cores together carry at least the child's load
@@ -94,3 +95,62 @@ def test_sampling_and_mtbench_sample_import_no_torch():
             "mtbench.marker; print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def _procfs_like(t0=1.0, t1=2.0, dt=0.005):
+    """Samples as ProcfsSensor gives them from t0 to t1: one core half busy and the system memory in use."""
+    t = np.arange(t0, t1, dt)
+    fields = [Field("cpu0_busy_ticks", COUNTER, "cpu_busy", "0"), Field("cpu0_total_ticks", COUNTER, "cpu_total", "0"),
+              Field("sys_mem_used_bytes", GAUGE, "sys_mem")]
+    mem = [3e9 + (1e9 if 1.45 < x < 1.5 else 0) + (2e9 if x > 1.9 else 0) for x in t]  # peaks in and after a step
+    return Samples(fields, t, [[x * 50, x * 100, m] for x, m in zip(t, mem)])
+
+
+def test_a_null_figure_says_which_reason_it_is():
+    """Issue 8 item 7: a sensor that is there but whose samples miss the step is not 'no sensor'."""
+    samples = _procfs_like()
+    early = summarize(samples, [StepMark(0, 0.2, 0.5, False)], 5)  # marked before the first sample
+    assert early["cpu_util_pct"] is None
+    reason = early["unavailable"]["cpu_util_pct"]
+    assert "no sensor" not in reason and "do not cover" in reason and "before the first sample" in reason, reason
+    assert "no sensor in use gives it" in early["unavailable"]["gpu_util_pct"]  # truly absent
+    inside = summarize(samples, [StepMark(0, 1.2, 1.6, False)], 5)
+    assert inside["cpu_util_pct"]["mean"] == pytest.approx(50.0) and "cpu_util_pct" not in inside["unavailable"]
+
+
+def test_system_memory_peak_over_the_measured_steps():
+    """Issue 9: the peak of MemTotal - MemAvailable inside the measured steps (not the warm-up, not after)."""
+    samples = _procfs_like()
+    marks = [StepMark(0, 1.0, 1.2, True), StepMark(1, 1.4, 1.6, False), StepMark(2, 1.6, 1.8, False)]
+    assert summarize(samples, marks, 5)["mem_system_peak_bytes"] == 4e9
+    # a step too short to hold a sample takes the samples around it
+    assert system_memory_peak_bytes(samples, [(1.4501, 1.4502)]) == 4e9
+
+
+def test_meminfo_parsing_and_the_procfs_field():
+    text = b"MemTotal:        8039852 kB\nMemFree:          212344 kB\nMemAvailable:    5123456 kB\nBuffers: 1 kB\n"
+    assert parse_meminfo(text) == (8039852 - 5123456) * 1024
+    assert parse_meminfo(b"MemTotal: 10 kB\nMemFree: 5 kB\n") is None  # kernels before 3.14: no MemAvailable
+    sensor = ProcfsSensor()
+    value = sensor.read()[[f.name for f in sensor.fields()].index("sys_mem_used_bytes")]
+    sensor.close()
+    with open("/proc/meminfo", "rb") as f:
+        assert value == pytest.approx(parse_meminfo(f.read()), rel=0.2)
+
+
+def test_benchmark_times_whole_steps_not_launches():
+    """Issue 8 item 9: on a GPU a step returns once its kernels are queued; the benchmark's timer must wait
+    for them. A fake step that queues 20 ms of device work and returns at once, like a CUDA step."""
+    from benchmarks.sampler import timed_steps
+
+    queue = []
+
+    class Step:
+        def step(self):
+            queue.append(time.perf_counter() + 0.02)  # the device finishes this step 20 ms from now
+
+    def sync():  # torch.cuda.synchronize: wait until the queued work is done
+        while queue:
+            time.sleep(max(0.0, queue.pop(0) - time.perf_counter()))
+
+    assert timed_steps(Step(), 5, sync) >= 0.019

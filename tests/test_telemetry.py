@@ -6,17 +6,20 @@ import math
 import sys
 import threading
 import time
-import types
 
 import numpy as np
 import pytest
 
 from mtbench.sampling import Sampler, SensorUnavailable, open_sensors
+from mtbench.sampling.attribution import Interval, attribute
 from mtbench.sampling.jetson import JetsonSensor
+from mtbench.sampling.nvml import NvmlSensor
 from mtbench.sampling.rapl import RaplSensor
-from mtbench.sampling.sampler import StepMark
-from mtbench.sampling.windows import summarize
+from mtbench.sampling.sampler import Samples, StepMark
+from mtbench.sampling.windows import step_rows, summarize
 from tests.conftest import mtbench_cli
+from tests.fake_jtop import make_jtop_module
+from tests.fake_nvml import FakeGpu, NVMLError_GpuIsLost, NVMLError_NoPermission, fake_pynvml
 from tests.fake_sysfs import make_orin, make_rapl, make_tx2, write_value
 
 TX2_POWER = {"VDD_IN": 9000, "VDD_SYS_GPU": 3500, "VDD_SYS_CPU": 1500, "VDD_SYS_SOC": 900, "VDD_SYS_DDR": 700,
@@ -160,33 +163,23 @@ def test_rapl_unreadable_gives_the_reason(tmp_path):
         RaplSensor(str(tmp_path))
 
 
-class _NVMLError(Exception):
-    pass
+def _virtual_samples(sensors, clock, seconds, interval_s=0.005, jitter_s=0.0005, seed=0):
+    """Read `sensors` every interval_s (plus up to jitter_s late, as a busy machine does) on a virtual clock
+    that the fakes also read: deterministic, and the fakes behave as they would at those instants."""
+    rng = np.random.default_rng(seed)
+    times = np.arange(0.0, seconds, interval_s) + rng.uniform(0, jitter_s, int(np.ceil(seconds / interval_s)))
+    rows = []
+    for t in times:
+        clock.now = float(t)
+        rows.append([v for s in sensors for v in s.read()])
+    return Samples([f for s in sensors for f in s.fields()], times, rows)
 
 
-def fake_pynvml(energy_supported=True, everything_unsupported=False):
-    """A stand-in for nvidia-ml-py's pynvml: one GPU at 300 W, 75 % busy, energy rising 300 J/s."""
-    nv = types.ModuleType("pynvml")
-    nv.NVMLError = _NVMLError
-    t0 = time.monotonic()
+class _Clock:
+    now = 0.0
 
-    def unsupported(*_):
-        raise _NVMLError("Not Supported")
-
-    nv.nvmlInit = lambda: None
-    nv.nvmlShutdown = lambda: None
-    nv.nvmlDeviceGetCount = lambda: 1
-    nv.nvmlDeviceGetHandleByIndex = lambda i: ("gpu", i)
-    if everything_unsupported:
-        nv.nvmlDeviceGetUtilizationRates = nv.nvmlDeviceGetPowerUsage = unsupported
-        nv.nvmlDeviceGetTotalEnergyConsumption = nv.nvmlDeviceGetMemoryInfo = unsupported
-        return nv
-    nv.nvmlDeviceGetUtilizationRates = lambda h: types.SimpleNamespace(gpu=75, memory=30)
-    nv.nvmlDeviceGetPowerUsage = lambda h: 300_000  # mW
-    nv.nvmlDeviceGetTotalEnergyConsumption = (
-        (lambda h: int((time.monotonic() - t0) * 300_000)) if energy_supported else unsupported)  # mJ
-    nv.nvmlDeviceGetMemoryInfo = lambda h: types.SimpleNamespace(used=2**30, total=2**34)
-    return nv
+    def __call__(self):
+        return self.now
 
 
 def test_nvml_fields_and_energy(monkeypatch):
@@ -198,10 +191,99 @@ def test_nvml_fields_and_energy(monkeypatch):
     s = summarize(samples, [StepMark(0, start, end, False)], 5)
     assert s["gpu_util_pct"] == {"mean": 75.0, "per_gpu": {"0": 75.0}}
     energy = s["energy_j"]
-    # the energy counter's delta is used, and the power integral is kept beside it
-    assert energy["source_by_rail"]["gpu0"] == "counter"
+    # the counter moves every 100 ms (learned from the samples): 0.4 s is too short for it, power decides
+    assert energy["counter_update_period_s"]["gpu0"] == pytest.approx(0.1, rel=0.2)
+    assert energy["source_by_rail"]["gpu0"] == "power_integral"
     assert energy["by_rail"]["gpu0"] == pytest.approx(300 * (end - start), rel=0.02)
-    assert energy["by_rail_from_power"]["gpu0"] == pytest.approx(300 * (end - start), rel=0.01)
+    # the one GPU there is counts, and the summary says how the total is formed
+    assert energy["total_rails"] == ["gpu0"] and "no job_uuids given" in energy["total_note"]
+
+
+def test_nvml_coarse_counter_steps_and_operations():
+    """Issue 8 item 2: NVML's counter moves every 100 ms; 30 ms steps must not get 0 J or 30 J."""
+    clock = _Clock()
+    nv = fake_pynvml([FakeGpu(busy_w=300.0, idle_w=60.0, busy_from_s=0.0)], clock=clock)
+    sys.modules["pynvml"] = nv
+    try:
+        sensor = NvmlSensor()
+    finally:
+        del sys.modules["pynvml"]
+    samples = _virtual_samples([sensor], clock, 4.0)
+    # 30 ms steps back to back from 1.2 s (the 1 s power average has settled) for 2.4 s: 80 steps
+    marks = [StepMark(i, 1.2 + 0.03 * i, 1.2 + 0.03 * (i + 1), False) for i in range(80)]
+    header, rows = step_rows(marks, samples, 5)
+    col = header.index("energy_j_gpu0")
+    per_step = [r[col] for r in rows]
+    assert all(e == pytest.approx(9.0, rel=0.02) for e in per_step), (min(per_step), max(per_step))
+    s = summarize(samples, marks, 5)["energy_j"]
+    # the job total (2.4 s, 24 counter updates) is the counter's
+    assert s["source_by_rail"]["gpu0"] == "counter"
+    assert s["total"] == pytest.approx(300 * 2.4, rel=0.02)
+    assert s["counter_update_period_s"]["gpu0"] == pytest.approx(0.1, rel=0.1)
+    # operations of 8 ms and 3 ms (a kernel timeline): each gets its power x time
+    ops = []
+    for m in marks:
+        ops += [Interval("conv", m.start_s + 0.002, m.start_s + 0.010), Interval("relu", m.start_s + 0.012,
+                                                                              m.start_s + 0.015)]
+    oh, orows, check = attribute(ops, [(m.start_s, m.end_s) for m in marks], samples, 5)
+    by = {r[0]: dict(zip(oh, r)) for r in orows}
+    assert by["conv"]["energy_j"] == pytest.approx(300 * 0.008 * 80, rel=0.02)
+    assert by["relu"]["energy_j"] == pytest.approx(300 * 0.003 * 80, rel=0.02)
+    single = attribute(ops[:1], [(marks[0].start_s, marks[0].end_s)], samples, 5)
+    assert dict(zip(single[0], [r for r in single[1] if r[0] == "conv"][0]))["energy_j"] == \
+        pytest.approx(300 * 0.008, rel=0.02)
+
+
+def _two_gpus():
+    return [FakeGpu(uuid="GPU-aaaa1111-0000-0000-0000-000000000000", busy_w=300.0, util_pct=90),
+            FakeGpu(uuid="GPU-bbbb2222-0000-0000-0000-000000000000", busy_w=100.0, util_pct=10)]
+
+
+def _two_gpu_summary(monkeypatch, **options):
+    clock = _Clock()
+    monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml(_two_gpus(), clock=clock))
+    sensors, status = open_sensors(["nvml"], {"nvml": options})
+    samples = _virtual_samples(sensors, clock, 2.5)
+    return summarize(samples, [StepMark(0, 1.2, 2.2, False)], 5)
+
+
+def test_nvml_counts_only_the_jobs_gpu(monkeypatch):
+    """Issue 8 item 1: a job on the second of two GPUs (torch's uuid has no "GPU-" prefix)."""
+    s = _two_gpu_summary(monkeypatch, job_uuids=["BBBB2222-0000-0000-0000-000000000000"])
+    energy = s["energy_j"]
+    assert energy["total_rails"] == ["gpu1"]
+    assert energy["total"] == pytest.approx(100.0, rel=0.02)  # 100 W x 1 s, not 400 W
+    assert energy["by_rail"]["gpu0"] == pytest.approx(300.0, rel=0.02)  # recorded beside it
+    assert "gpu0" in energy["total_note"] and "not added" in energy["total_note"]
+    assert s["gpu_util_pct"]["mean"] == pytest.approx(10.0)
+    assert s["gpu_util_pct"]["per_gpu"] == {"0": pytest.approx(90.0), "1": pytest.approx(10.0)}
+
+
+def test_nvml_without_job_uuids_counts_every_gpu_and_says_so(monkeypatch):
+    s = _two_gpu_summary(monkeypatch)
+    assert s["energy_j"]["total"] == pytest.approx(400.0, rel=0.02)
+    assert "every GPU NVML sees counts (2)" in s["energy_j"]["total_note"]
+    assert s["gpu_util_pct"]["mean"] == pytest.approx(50.0)
+
+
+def test_nvml_no_gpu_matches_job_uuids(monkeypatch):
+    s = _two_gpu_summary(monkeypatch, job_uuids=["cccc3333-0000-0000-0000-000000000000"])
+    assert s["energy_j"]["total"] is None and s["energy_j"]["by_rail"]["gpu0"] is not None
+    assert s["gpu_util_pct"]["mean"] is None
+    for key in ("energy_j.total", "gpu_util_pct.mean"):
+        assert "no GPU NVML sees has a UUID in job_uuids (cccc3333" in s["unavailable"][key], s["unavailable"]
+
+
+@pytest.mark.parametrize("error", [NVMLError_NoPermission, NVMLError_GpuIsLost])
+def test_nvml_handle_error_makes_the_sensor_unavailable(monkeypatch, error):
+    """Issue 8 item 11: nvmlDeviceGetHandleByIndex raising must not crash sampler=auto."""
+    monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml([FakeGpu(), FakeGpu(handle_error=error)]))
+    _, status = open_sensors(["auto"], {"procfs": {}, "jetson": {"sysfs_root": "/nonexistent"},
+                                        "rapl": {"sysfs_root": "/nonexistent"}})
+    nvml = {s["name"]: s for s in status}["nvml"]
+    assert not nvml["available"] and "GPU 1" in nvml["reason"] and error.text in nvml["reason"]
+    with pytest.raises(SensorUnavailable, match=error.text):
+        open_sensors(["nvml"], {})
 
 
 def test_nvml_without_energy_counter_integrates_power(monkeypatch):
@@ -225,22 +307,56 @@ def test_nvml_on_jetson_is_unavailable_with_reason(monkeypatch):
 
 
 def test_jtop_without_service(monkeypatch):
-    jtop_mod = types.ModuleType("jtop")
-
-    class JtopException(Exception):
-        pass
-
-    class jtop:  # noqa: N801 - the real class's name
-        def __init__(self, interval=0.5):
-            pass
-
-        def start(self):
-            raise JtopException("The jtop.service is not active. Please run: sudo systemctl restart jtop.service")
-
-    jtop_mod.jtop, jtop_mod.JtopException = jtop, JtopException
-    monkeypatch.setitem(sys.modules, "jtop", jtop_mod)
+    monkeypatch.setitem(sys.modules, "jtop", make_jtop_module(service_running=False))
     with pytest.raises(SensorUnavailable, match="jtop.service is not active"):
         open_sensors(["jtop"], {})
+
+
+def test_jtop_never_blocks_the_sampler(monkeypatch):
+    """Issue 8 item 3: jtop's ok() blocks until its next refresh (2 Hz); procfs must keep its 5 ms."""
+    module = make_jtop_module()
+    monkeypatch.setitem(sys.modules, "jtop", module)
+    sensors, _ = open_sensors(["procfs", "jtop"], {"jtop": {"interval_s": 0.5}})
+    sampler = Sampler(sensors, interval_ms=5).start()
+    time.sleep(2.2)
+    samples = sampler.stop()
+    for sensor in sensors:
+        sensor.close()
+    span = samples.time_s[-1] - samples.time_s[0]
+    procfs_valid = int((~np.isnan(samples.columns["cpu0_busy_ticks"])).sum())
+    assert procfs_valid >= 0.99 * (span / 0.005 + 1), (procfs_valid, span)
+    assert module.jtop.instances[-1].ok_calls == 0
+    jtop_times = samples.time_s[~np.isnan(samples.columns["jtop_VDD_IN_power_mw"])]
+    assert len(jtop_times) >= 4  # one per refresh
+    start, end = float(jtop_times[0]), float(jtop_times[-1])
+    marks = [StepMark(0, start, (start + end) / 2, False), StepMark(1, (start + end) / 2, end, False)]
+    s = summarize(samples, marks, 5)
+    assert s["power_w"]["VDD_IN"] == pytest.approx(7.0)
+    assert s["energy_j"]["total"] == pytest.approx(7.0 * (end - start), rel=0.01)
+    assert s["gpu_util_pct"]["mean"] == pytest.approx(40.0)
+    assert "power_w" not in s["unavailable"] and "energy_j" not in s["unavailable"]
+
+
+def test_rapl_psys_is_the_total_alone(tmp_path):
+    """Issue 8 item 5: psys (the platform) contains the package: it is the total, never added to it."""
+    files = make_rapl(tmp_path, {"intel-rapl:0": ("package-0", 0, 10**12), "intel-rapl:0:0": ("core", 0, 10**12),
+                                 "intel-rapl:0:1": ("uncore", 0, 10**12), "intel-rapl:0:2": ("dram", 0, 10**12),
+                                 "intel-rapl:1": ("psys", 0, 10**12)})
+    sensor = RaplSensor(str(tmp_path))
+    totals = {f.key: f.total for f in sensor.fields()}
+    assert totals == {"rapl_0_package-0": False, "rapl_0_0_core": False, "rapl_0_1_uncore": False,
+                      "rapl_0_2_dram": False, "rapl_1_psys": True}
+    # 1 s at package 15 W (core 10 W inside it), DRAM 2 W, platform 25 W
+    t = np.arange(0.0, 1.001, 0.1)
+    rows = [sensor.read()]
+    for k in range(1, len(t)):
+        for zone, watts in (("intel-rapl:0", 15), ("intel-rapl:0:0", 10), ("intel-rapl:0:1", 1),
+                            ("intel-rapl:0:2", 2), ("intel-rapl:1", 25)):
+            write_value(files[zone], watts * 0.1e6 * k)
+        rows.append(sensor.read())
+    s = summarize(Samples(sensor.fields(), t, rows), [StepMark(0, 0.0, 1.0, False)], 100)
+    assert s["energy_j"]["total"] == pytest.approx(25.0)
+    assert s["energy_j"]["total_rails"] == ["rapl_1_psys"]
 
 
 def test_missing_sysfs_root_is_one_line_and_exit_2(tmp_path):

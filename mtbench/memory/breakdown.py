@@ -1,6 +1,7 @@
 """Where the peak goes: parameters, gradients, optimizer state, activations, inputs, the rest (torch's MemTracker)."""
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import torch
@@ -74,6 +75,36 @@ def _tracker_class() -> type:
     return StepTracker
 
 
+@contextlib.contextmanager
+def _multi_grad_hooks_removed_after() -> Iterator[None]:
+    """Remove the backward hooks MemTracker's ModTracker puts on the step's tensors once the step is done.
+
+    An "all"-mode multi-grad hook (torch.autograd.graph.register_multi_grad_hook) keeps the graph node of the tensor
+    it hooks in its own closure: a cycle through C++ that Python's collector cannot see, which keeps the graph and
+    with it the model's first layers alive after the job (torch 2.14; found when a job's memory was not returned).
+    """
+    from torch.distributed._tools import mod_tracker
+
+    handles: List[Any] = []
+    original = getattr(mod_tracker, "register_multi_grad_hook", None)
+    if original is None:  # another torch: nothing to patch
+        yield
+        return
+
+    def recording(*args: Any, **kwargs: Any) -> Any:
+        handle = original(*args, **kwargs)
+        handles.append(handle)
+        return handle
+
+    mod_tracker.register_multi_grad_hook = recording
+    try:
+        yield
+    finally:
+        mod_tracker.register_multi_grad_hook = original
+        for handle in handles:
+            handle.remove()
+
+
 def breakdown_bytes(workload: Any, device: torch.device,
                     step: Optional[Callable[[], None]] = None) -> Tuple[Optional[Dict[str, Any]], Optional[str]]:
     """Run ONE more training step under MemTracker; return (breakdown, None) or (None, reason).
@@ -100,8 +131,9 @@ def breakdown_bytes(workload: Any, device: torch.device,
         if device.type == "cuda":
             torch.cuda.synchronize(device)
             torch.cuda.reset_peak_memory_stats(device)
-        with tracker:
-            step()
+        with _multi_grad_hooks_removed_after():
+            with tracker:
+                step()
         snapshot = tracker.get_tracker_snapshot("peak")
         peaks = {torch.device(dev): total for dev, total in tracker._peak_mem.items()}  # the tracker's own running peak
     except Exception as exc:  # the timed results stand without the breakdown; say why it is missing
@@ -112,6 +144,12 @@ def breakdown_bytes(workload: Any, device: torch.device,
     out: Dict[str, Any] = {part: 0 for part in PARTS}
     for category, part in _CATEGORY_TO_PART.items():
         out[part] += int(dev_snapshot.get(category, 0))
+    # MemTracker labels everything allocated inside optimizer.step() "Optstate", the temporaries of a foreach
+    # update (weight decay, momentum arithmetic) included; what exceeds the state the optimizers hold is "other"
+    held_state = _optimizer_state_bytes(optimizers, device)
+    excess = max(0, out["optimizer_state"] - held_state)
+    out["optimizer_state"] -= excess
+    out["other"] += excess
     # the tracker's running peak, kept apart from the snapshot of its categories (the parts must add up to it)
     out["tracked_peak"] = int(_for_device(peaks, device) or dev_snapshot.get("Total", 0))
     out["tool"] = f"{TOOL} (torch {torch.__version__}), one extra unmeasured step"
@@ -120,6 +158,17 @@ def breakdown_bytes(workload: Any, device: torch.device,
         out["allocator_peak"] = int(torch.cuda.max_memory_allocated(device))
         out["allocator_reserved_peak"] = int(torch.cuda.max_memory_reserved(device))
     return out, None
+
+
+def _optimizer_state_bytes(optimizers: List[torch.optim.Optimizer], device: torch.device) -> int:
+    storages = {}
+    for optimizer in optimizers:
+        for state in optimizer.state.values():
+            for value in state.values():
+                if isinstance(value, torch.Tensor) and value.device.type == device.type:
+                    storage = value.untyped_storage()
+                    storages[storage.data_ptr()] = storage.nbytes()
+    return sum(storages.values())
 
 
 def _for_device(per_device: Dict[Any, Any], device: torch.device) -> Any:

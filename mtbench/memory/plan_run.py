@@ -95,6 +95,12 @@ class Planner:
         self.device: Optional[torch.device] = None
         self.is_oom: Callable[[BaseException], bool] = lambda exc: False
 
+    def held_target(self, target: Any) -> Any:
+        """The job's target with memory.budget_gb as its budget (the job is held to it as to a board's)."""
+        if self.settings.budget_bytes is None:
+            return target
+        return dataclasses.replace(target, memory_budget_bytes=self.settings.budget_bytes)
+
     # -- before the model exists ------------------------------------------------------------------------------
     def _set_allocator_conf(self) -> Dict[str, Any]:
         """expandable_segments must be set before the CUDA caching allocator makes its first segment: through the

@@ -17,9 +17,30 @@ def _valid(times: np.ndarray, values: np.ndarray):
     return times[ok], values[ok]
 
 
-def counter_delta(times: np.ndarray, values: np.ndarray, start: float, end: float) -> Optional[float]:
-    """How much a cumulative counter grew over [start, end] (a gap in between loses nothing)."""
+def update_period_s(times: np.ndarray, values: np.ndarray, changes: bool = False) -> Optional[float]:
+    """How often a source really updates: the median time between its valid samples, or with `changes`
+    between the samples where its value changed (a counter that the hardware refreshes every 100 ms reads
+    the same value 20 times at 5 ms). None with fewer than two such intervals."""
     t, v = _valid(times, values)
+    if changes and len(t):
+        t = t[1:][np.diff(v) != 0]  # the first sample is not a change: its value was set at an unknown time
+    return float(np.median(np.diff(t))) if len(t) >= 3 else None
+
+
+def change_points(times: np.ndarray, values: np.ndarray):
+    """The samples where a counter's value changed: a coarse counter's value is known to be current there
+    (its update happened at most one sampling interval before), not at the repeats in between."""
+    t, v = _valid(times, values)
+    keep = np.concatenate(([False], np.diff(v) != 0)) if len(t) else np.zeros(0, dtype=bool)
+    return t[keep], v[keep]
+
+
+def counter_delta(times: np.ndarray, values: np.ndarray, start: float, end: float,
+                  coarse: bool = False) -> Optional[float]:
+    """How much a cumulative counter grew over [start, end] (a gap in between loses nothing). A `coarse`
+    counter (updated less often than sampled) is interpolated between its change points, not through the
+    flat repeats of a staircase."""
+    t, v = change_points(times, values) if coarse else _valid(times, values)
     if len(t) < 2 or start < t[0] or end > t[-1]:
         return None
     lo, hi = np.interp([start, end], t, v)

@@ -3,7 +3,9 @@
 Framework-agnostic: intervals are (name, start_s, end_s) on the sampler's monotonic clock, whoever
 recorded them. Energy is attributed without double counting: the timeline is cut at every interval edge,
 and the energy of each piece (the rail's power integrated over it) is split evenly among the intervals
-active during it. The energy of step time that no interval covers goes to one "[no op]" row, so the rows
+active during it. A rail's coarse energy counter (NVML's, updated every ~100 ms) cannot resolve operations:
+its power is integrated instead (a counter-only rail whose counter is coarse gives no per-operation energy).
+The energy of step time that no interval covers goes to one "[no op]" row, so the rows
 add up to the steps' energy.
 """
 from __future__ import annotations
@@ -81,9 +83,11 @@ def attribute(intervals: Sequence[Interval], steps: Sequence[Tuple[float, float]
     steps_energy = 0.0
     total_known = bool(rails.total)
     for rail in rails.names:
-        counter = rail in rails.energy
-        f = rails.energy[rail] if counter else rails.power[rail]
-        cum = cumulative(samples.time_s, samples.columns[f.name], edges, counter)
+        # an operation lasts milliseconds: a counter that updates every 100 ms (NVML) cannot split them, so
+        # the power integral does; a counter that changes about every sample (RAPL) is used as it is
+        counter = rail in rails.energy and not rails.coarse(rail)
+        f = rails.energy[rail] if counter else rails.power.get(rail)
+        cum = None if f is None else cumulative(samples.time_s, samples.columns[f.name], edges, counter)
         if cum is None:
             columns[f"power_w_{rail}"] = [None] * (n + 1)
             columns[f"energy_j_{rail}"] = [None] * (n + 1)

@@ -1,4 +1,4 @@
-"""Intel / AMD RAPL energy counters from the powercap sysfs: package (and DRAM where present).
+"""Intel / AMD RAPL energy counters from the powercap sysfs: package, DRAM and psys (platform) where present.
 
 `sys/class/powercap/intel-rapl:N[:M]/energy_uj` counts microjoules and wraps to 0 past
 `max_energy_range_uj`; this sensor unwraps it into a monotonic counter. Since Linux 5.10 the files are
@@ -51,10 +51,16 @@ class RaplSensor(Sensor):
                 raise SensorUnavailable(f"cannot read {exc.filename}: {exc.strerror} "
                                         "(RAPL is root-only since Linux 5.10)") from None
         self._fields = []
+        # psys (the platform, where the CPU supports it) contains the packages and the DRAM: it alone is the
+        # total; else the packages and DRAM (outside the package) add up. Sub-zones (core, uncore) lie inside
+        # a package and never add.
+        has_psys = any(z.name == "psys" for z in self.zones)
         for z, p in zip(self.zones, paths):
             rail = f"rapl_{os.path.basename(p).split(':', 1)[1].replace(':', '_')}_{z.name}"
-            # top-level zones (packages) and DRAM (outside the package) add up; core / uncore lie inside a package
-            total = z.depth == 1 or z.name == "dram"
+            if has_psys:
+                total = z.name == "psys"
+            else:
+                total = z.depth == 1 or z.name == "dram"
             self._fields.append(Field(f"{re.sub(r'[^A-Za-z0-9_]', '_', rail)}_energy_uj", COUNTER, ENERGY, rail,
                                       1e-6, total=total))
 

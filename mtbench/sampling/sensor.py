@@ -27,6 +27,8 @@ class Field:
     scale: float = 1.0  # raw value x scale = SI unit of the group (W for power, J for energy, % for util)
     total: bool = False  # a rail that counts toward total energy (a board's input rail, a whole GPU);
     # sub-rails that lie inside another rail (TX2's VDD_SYS_GPU inside VDD_IN) are False
+    job: bool = True  # False: a device the job does not run on (another GPU): recorded, never in the job's figures
+    note: str = ""  # how this field enters the job's figures, said in the summary (e.g. "every GPU NVML sees")
 
 
 # the groups the summary aggregates, and their SI units after `scale`

@@ -1,12 +1,18 @@
-"""Figures over step windows: CPU and GPU utilization, power and energy per rail.
+"""Figures over step windows: CPU and GPU utilization, power and energy per rail, system memory peak.
 
 Used by the training runner and by `mtbench-sample` alike; imports no torch. Energy of a rail over a window
-comes from its hardware energy counter where it has one (NVML, RAPL), else from integrating its power
-(trapezoids, the edges interpolated); where both exist both are kept.
+comes from its hardware energy counter where the counter resolves the window (NVML's updates only every
+~100 ms: its update period is learned from the samples, and a window shorter than RESOLVE_PERIODS updates
+takes the power integral instead), else from integrating its power (trapezoids, the edges interpolated).
+Each gauge's gap rule follows that field's own update period (a jtop rail refreshed at 2 Hz is not a gap).
+A figure that is null says why: no sensor gives it, or the sensor is there but its samples do not cover
+the window.
 """
 from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
 
 from mtbench.sampling import aggregate
 from mtbench.sampling.procfs import USER_HZ
@@ -15,10 +21,23 @@ from mtbench.sampling.sensor import ENERGY, GPU_UTIL, POWER, Field
 
 # gaps longer than this many sampling intervals (and at least 50 ms) make a gauge's window unknown
 MAX_GAP_INTERVALS = 10
+# ... or longer than this many of the field's own update periods (a source slower than the sampler)
+MAX_GAP_UPDATES = 3
+# a coarse counter (it changes less often than every COARSE_SAMPLES samples) is used over a window only when
+# the window spans at least this many of its updates; shorter windows take the power integral
+COARSE_SAMPLES = 2.0
+RESOLVE_PERIODS = 10
+SYS_MEM = "sys_mem"  # gauge, bytes: MemTotal - MemAvailable
 
 
 def max_gap_s(interval_ms: float) -> float:
     return max(0.05, MAX_GAP_INTERVALS * interval_ms / 1000.0)
+
+
+def field_gap_s(samples: Samples, field: Field, interval_ms: float) -> float:
+    """The gap rule for one gauge: the sampler's, widened to MAX_GAP_UPDATES of the field's own update period."""
+    period = aggregate.update_period_s(samples.time_s, samples.columns[field.name])
+    return max(max_gap_s(interval_ms), MAX_GAP_UPDATES * period if period else 0.0)
 
 
 Window = Tuple[float, float]  # (start_s, end_s) on the monotonic clock
@@ -48,7 +67,7 @@ def cpu_utilization(samples: Samples, spans: Sequence[Window]) -> Optional[Dict[
         busy_sum += busy
         total_sum += total
     mean = min(100.0, 100.0 * busy_sum / total_sum) if total_sum > 0 else None
-    return {"mean": mean, "per_core": per_core}
+    return None if mean is None and not any(c is not None for c in per_core) else {"mean": mean, "per_core": per_core}
 
 
 def process_cpu_pct(samples: Samples, spans: Sequence[Window]) -> Optional[float]:
@@ -61,32 +80,96 @@ def process_cpu_pct(samples: Samples, spans: Sequence[Window]) -> Optional[float
     return None if ticks is None else 100.0 * ticks / USER_HZ / seconds
 
 
+def system_memory_peak_bytes(samples: Samples, spans: Sequence[Window]) -> Optional[int]:
+    """The highest MemTotal - MemAvailable sampled inside the windows (the samples just outside a window
+    stand in for one too short to hold a sample)."""
+    fields = samples.group(SYS_MEM)
+    if not fields or not spans:
+        return None
+    t, v = samples.time_s, samples.columns[fields[0].name]
+    ok = ~np.isnan(v)
+    inside = np.zeros(len(t), dtype=bool)
+    for a, b in spans:
+        here = (t >= a) & (t <= b) & ok
+        if not here.any():  # bracket the window with its neighbours
+            before, after = np.nonzero(ok & (t < a))[0], np.nonzero(ok & (t > b))[0]
+            if not len(before) or not len(after):
+                return None
+            here[before[-1]] = here[after[0]] = True
+        inside |= here
+    return int(np.max(v[inside]))
+
+
 class Rails:
-    """The power and energy fields of a run, by rail name."""
+    """The power and energy fields of a run, by rail name, and how each rail's energy over a window is had."""
 
     def __init__(self, samples: Samples, interval_ms: float) -> None:
         self.samples = samples
-        self.gap = max_gap_s(interval_ms)
         self.power: Dict[str, Field] = {f.key: f for f in samples.group(POWER)}
         self.energy: Dict[str, Field] = {f.key: f for f in samples.group(ENERGY)}
         self.names = list(dict.fromkeys(list(self.power) + list(self.energy)))
-        self.total = [r for r in self.names if (self.energy.get(r) or self.power[r]).total]
+        self.fields = {r: (self.energy.get(r) or self.power[r]) for r in self.names}
+        self.total = [r for r in self.names if self.fields[r].total and self.fields[r].job]
+        self.gap = {r: field_gap_s(samples, f, interval_ms) for r, f in self.power.items()}
+        gaps = np.diff(samples.time_s)
+        self.sample_s = float(np.median(gaps)) if len(gaps) else interval_ms / 1000.0
+        # how often each counter really changes (NVML: ~100 ms; RAPL: faster than we sample)
+        self.counter_period_s: Dict[str, Optional[float]] = {
+            r: aggregate.update_period_s(samples.time_s, samples.columns[f.name], changes=True)
+            for r, f in self.energy.items()}
+
+    def coarse(self, rail: str) -> bool:
+        """The counter changes less often than every COARSE_SAMPLES samples: it is a staircase at our rate."""
+        period = self.counter_period_s.get(rail)
+        return period is None or period > COARSE_SAMPLES * self.sample_s
+
+    def resolves(self, rail: str, seconds: float) -> bool:
+        """The rail's counter can give the energy of a window this long."""
+        period = self.counter_period_s.get(rail)
+        if rail not in self.energy or period is None:
+            return False
+        return not self.coarse(rail) or seconds >= RESOLVE_PERIODS * period
 
     def energy_j(self, rail: str, start: float, end: float) -> Optional[float]:
-        """J over the window: the counter's delta where the rail has one, else the power integral."""
-        if rail in self.energy:
-            return self.counter_j(rail, start, end)
-        return self.integrated_j(rail, start, end)
+        return self.spans_j(rail, [(start, end)])[0]
+
+    def spans_j(self, rail: str, spans: Sequence[Window]) -> Tuple[Optional[float], str]:
+        """J over the windows and the source: the counter where it resolves their length, else the power
+        integral; a counter-only rail that does not resolve them gives None ("unresolved")."""
+        seconds = sum(b - a for a, b in spans)
+        if self.resolves(rail, seconds):
+            value = _sum([self.counter_j(rail, a, b) for a, b in spans])
+            if value is not None or rail not in self.power:
+                return value, "counter"
+        if rail in self.power:
+            return _sum([self.integrated_j(rail, a, b) for a, b in spans]), "power_integral"
+        return None, "unresolved"
 
     def counter_j(self, rail: str, start: float, end: float) -> Optional[float]:
         f = self.energy[rail]
-        delta = aggregate.counter_delta(self.samples.time_s, self.samples.columns[f.name], start, end)
+        delta = aggregate.counter_delta(self.samples.time_s, self.samples.columns[f.name], start, end,
+                                        coarse=self.coarse(rail))
         return None if delta is None else delta * f.scale
 
     def integrated_j(self, rail: str, start: float, end: float) -> Optional[float]:
         f = self.power[rail]
-        area = aggregate.integral(self.samples.time_s, self.samples.columns[f.name], start, end, self.gap)
+        area = aggregate.integral(self.samples.time_s, self.samples.columns[f.name], start, end, self.gap[rail])
         return None if area is None else area * f.scale
+
+    def total_note(self) -> str:
+        """How the total is formed, in words, for summary.json."""
+        if not self.total:
+            return "no rail counts toward the total: " + "; ".join(
+                sorted({self.fields[r].note for r in self.names if self.fields[r].note}) or ["none is a total rail"])
+        note = f"sum of {', '.join(self.total)}"
+        inside = [r for r in self.names if not self.fields[r].total and self.fields[r].job]
+        other = [r for r in self.names if not self.fields[r].job]
+        if inside:
+            note += f"; {', '.join(inside)} lie inside them and are not added"
+        if other:
+            note += f"; {', '.join(other)} are devices the job does not run on: recorded, not added"
+        notes = sorted({self.fields[r].note for r in self.total if self.fields[r].note})
+        return note + (f" ({'; '.join(notes)})" if notes else "")
 
 
 def _sum(values: Sequence[Optional[float]]) -> Optional[float]:
@@ -94,27 +177,60 @@ def _sum(values: Sequence[Optional[float]]) -> Optional[float]:
 
 
 def gpu_utilization(samples: Samples, spans: Sequence[Window], interval_ms: float) -> Optional[Dict[str, Any]]:
+    """Busy % per GPU over the windows; the mean covers only the GPUs the job runs on."""
     fields = samples.group(GPU_UTIL)
     seconds = sum(b - a for a, b in spans)
     if not fields or seconds <= 0:
         return None
     per_gpu = {}
     for f in fields:
-        areas = [aggregate.integral(samples.time_s, samples.columns[f.name], a, b, max_gap_s(interval_ms))
-                 for a, b in spans]
+        gap = field_gap_s(samples, f, interval_ms)
+        areas = [aggregate.integral(samples.time_s, samples.columns[f.name], a, b, gap) for a, b in spans]
         per_gpu[f.key] = None if any(x is None for x in areas) else sum(areas) / seconds * f.scale
-    known = [v for v in per_gpu.values() if v is not None]
-    return {"mean": sum(known) / len(known) if known else None, "per_gpu": per_gpu}
+    counted = [f.key for f in fields if f.job]
+    known = [per_gpu[k] for k in counted if per_gpu[k] is not None]
+    if not any(v is not None for v in per_gpu.values()):
+        return None
+    out: Dict[str, Any] = {"mean": sum(known) / len(known) if known else None, "per_gpu": per_gpu}
+    if len(counted) < len(fields):
+        out["counted"] = counted  # the job's GPUs; the others are recorded beside them
+    return out
+
+
+# the sample groups behind each figure, for the reason a figure is null
+FIGURE_GROUPS = {"cpu_util_pct": ["cpu_busy", "cpu_total"], "process_cpu_pct": ["proc_cpu"],
+                 "gpu_util_pct": [GPU_UTIL], "power_w": [POWER, ENERGY], "energy_j": [POWER, ENERGY],
+                 "mem_system_peak_bytes": [SYS_MEM]}
+
+
+def why_null(samples: Samples, fields: Sequence[Field], spans: Sequence[Window]) -> str:
+    """Why these fields give no figure over the windows: no sensor in use has them, or they were sampled
+    but their samples do not cover the windows (a step marked before the first sample), or have a gap."""
+    groups = sorted({f.group for f in samples.fields})
+    if not fields:
+        return f"no sensor in use gives it (groups sampled: {', '.join(groups) or 'none'})"
+    names = ", ".join(f.name for f in fields[:4]) + (", ..." if len(fields) > 4 else "")
+    valid = [samples.time_s[~np.isnan(samples.columns[f.name])] for f in fields]
+    valid = [t for t in valid if len(t)]
+    if not valid:
+        return f"sampled ({names}) but the sensor never gave a value"
+    first, last = max(t[0] for t in valid), min(t[-1] for t in valid)
+    lo, hi = min(a for a, _ in spans), max(b for _, b in spans)
+    if lo < first or hi > last:
+        return (f"sampled ({names}), but the samples ({first:.3f} s to {last:.3f} s, monotonic) do not cover the "
+                f"measured window ({lo:.3f} s to {hi:.3f} s): it began before the first sample or ended after "
+                f"the last")
+    return (f"sampled ({names}), but the samples leave a gap inside the measured window longer than the gap rule "
+            f"allows (a source that stopped answering)")
 
 
 def summarize(samples: Samples, marks: Sequence[StepMark], interval_ms: float) -> Dict[str, Any]:
     """The contract's telemetry figures over the measured (non-warm-up) steps, and why any is null."""
     measured = [m for m in marks if not m.warmup]
-    sensors = sorted({f.group for f in samples.fields})
     out: Dict[str, Any] = {"cpu_util_pct": None, "process_cpu_pct": None, "gpu_util_pct": None,
-                           "power_w": None, "energy_j": None}
+                           "power_w": None, "energy_j": None, "mem_system_peak_bytes": None}
     if not measured or len(samples) < 2:
-        reason = "no measured step" if not measured else "too few samples"
+        reason = "no measured step" if not measured else f"too few samples ({len(samples)})"
         out["unavailable"] = {k: reason for k in out}
         return out
     # over the steps themselves: any gap between them (a data loader, logging) is not counted
@@ -122,25 +238,45 @@ def summarize(samples: Samples, marks: Sequence[StepMark], interval_ms: float) -
     out["cpu_util_pct"] = cpu_utilization(samples, spans)
     out["process_cpu_pct"] = process_cpu_pct(samples, spans)
     out["gpu_util_pct"] = gpu_utilization(samples, spans, interval_ms)
+    out["mem_system_peak_bytes"] = system_memory_peak_bytes(samples, spans)
     rails = Rails(samples, interval_ms)
+    unavailable: Dict[str, str] = {}
     if rails.names:
-        per_step = {r: [rails.energy_j(r, m.start_s, m.end_s) for m in measured] for r in rails.names}
-        by_rail = {r: _sum(v) for r, v in per_step.items()}
+        by_rail, source = {}, {}
+        for r in rails.names:
+            by_rail[r], source[r] = rails.spans_j(r, spans)
         busy_s = sum(m.end_s - m.start_s for m in measured)
-        total = _sum([by_rail[r] for r in rails.total])
-        out["power_w"] = {r: (None if e is None else e / busy_s) for r, e in by_rail.items()}
-        out["energy_j"] = {
-            "per_step_mean": None if total is None else total / len(measured),
-            "total": total,
-            "by_rail": by_rail,
-            "total_rails": rails.total,  # the rails whose sum is `total` (sub-rails lie inside them)
-            "by_rail_from_power": {r: _sum([rails.integrated_j(r, m.start_s, m.end_s) for m in measured])
-                                   for r in rails.energy if r in rails.power},
-            "source_by_rail": {r: "counter" if r in rails.energy else "power_integral" for r in rails.names},
-        }
-    no_sensor = f"no sensor in use gives it (groups sampled: {', '.join(sensors) or 'none'})"
-    out["unavailable"] = {k: (no_sensor if v is None else None) for k, v in out.items()}
-    out["unavailable"] = {k: v for k, v in out["unavailable"].items() if v}
+        total = _sum([by_rail[r] for r in rails.total]) if rails.total else None
+        if any(v is not None for v in by_rail.values()):
+            out["power_w"] = {r: (None if e is None else e / busy_s) for r, e in by_rail.items()}
+            out["energy_j"] = {
+                "per_step_mean": None if total is None else total / len(measured),
+                "total": total,
+                "by_rail": by_rail,
+                "total_rails": rails.total,  # the rails whose sum is `total` (sub-rails lie inside them)
+                "total_note": rails.total_note(),
+                "by_rail_from_power": {r: _sum([rails.integrated_j(r, a, b) for a, b in spans])
+                                       for r in rails.energy if r in rails.power},
+                "source_by_rail": source,
+                "counter_update_period_s": {r: rails.counter_period_s[r] for r in rails.energy},
+            }
+            if total is None:
+                missing = [r for r in rails.total if by_rail[r] is None]
+                unavailable["energy_j.total"] = (
+                    f"{', '.join(missing)}: " + why_null(samples, [rails.fields[r] for r in missing], spans)
+                    if missing else rails.total_note())
+    gpu = out["gpu_util_pct"]
+    if gpu is not None and gpu["mean"] is None:
+        others = [f for f in samples.group(GPU_UTIL) if not f.job]
+        unavailable["gpu_util_pct.mean"] = (
+            "; ".join(sorted({f.note for f in others if f.note})) or "none of the sampled GPUs is the job's"
+            if len(others) == len(samples.group(GPU_UTIL))
+            else why_null(samples, [f for f in samples.group(GPU_UTIL) if f.job], spans))
+    for key, groups in FIGURE_GROUPS.items():
+        if out[key] is None:
+            fields = [f for f in samples.fields if f.group in groups]
+            unavailable[key] = why_null(samples, fields, spans)
+    out["unavailable"] = unavailable
     return out
 
 
