@@ -138,7 +138,7 @@ def main() -> None:
     header = f"{'model':<12} {'batch':>5} {'half':>5} {'meas MiB':>9} {'pred MiB':>9} {'tensors':>8} {'err %':>7}" \
              f" {'meas s':>8} {'pred s':>8} {'err %':>7}"
     print("\n" + header + "\n" + "-" * len(header))
-    mem_err, time_pred, time_meas, tensor_err = [], [], [], []
+    mem_err, time_pred, time_meas, tensor_err, time_min, spread = [], [], [], [], [], []
     for s in runs:
         p = predictor.predict(s["model"], int(s["batch_size"]))
         meas_b = measured_training_bytes(s)
@@ -151,14 +151,31 @@ def main() -> None:
             tensor_err.append(abs(pct(p.tensors_bytes, meas_b)))
             time_pred.append(p.step_time_s)
             time_meas.append(meas_s)
+            time_min.append(s["step_time_s"]["min"])
+            spread.append((s["step_time_s"]["max"] - s["step_time_s"]["min"]) / meas_s * 100)
         print(f"{s['model']:<12} {s['batch_size']:>5} {half:>5} {meas_b / 2**20:>9.1f} {p.peak_bytes / 2**20:>9.1f} "
               f"{p.tensors_bytes / 2**20:>8.1f} {e_mem:>+7.1f} {meas_s:>8.3f} {p.step_time_s:>8.3f} {e_time:>+7.1f}")
     print(f"\nmemory (test half, {len(mem_err)} runs): median |error| {statistics.median(mem_err):.1f} % (goal <= 5), "
           f"worst {max(mem_err):.1f} % (goal <= 10); tensors alone: median {statistics.median(tensor_err):.1f} %, "
           f"worst {max(tensor_err):.1f} %")
-    print(f"runtime memory fitted on the other half: {cal.runtime_bytes / 2**20:.1f} MiB "
-          f"(residuals {cal.runtime_spread_bytes[0] / 2**20:.1f} to {cal.runtime_spread_bytes[1] / 2**20:.1f} MiB)")
-    print(f"time (test half): MAPE {mape_pct(time_pred, time_meas):.1f} % (goal <= 15)")
+    print(f"runtime memory fitted on the other half: {cal.runtime_bytes / 2**20:.1f} MiB + "
+          f"{cal.runtime_per_op_bytes / 1024:.1f} KiB per op + {cal.runtime_per_transient_byte:.3f} per transient "
+          f"tensor byte (measured less tensors: {cal.runtime_spread_bytes[0] / 2**20:.1f} to "
+          f"{cal.runtime_spread_bytes[1] / 2**20:.1f} MiB)")
+    print(f"time (test half): MAPE {mape_pct(time_pred, time_meas):.1f} % (goal <= 15); the measured steps of one "
+          f"job spread (max - min) / median {statistics.median(spread):.0f} % (median over jobs): this machine's noise")
+    with tempfile.TemporaryDirectory() as tmp:  # the same, fitted to and compared with each job's fastest step
+        cal_min, _, _ = calibrate(folder, out=str(Path(tmp) / "cal.json"), summaries=fit_half, predictor=predictor,
+                                  time_stat="min")
+        predictor.calibration = cal_min
+        pred_min = [predictor.predict(s["model"], int(s["batch_size"])).step_time_s for s in test_half]
+    print(f"time with time_stat=min (fit and compare the fastest step of each job): MAPE "
+          f"{mape_pct(pred_min, time_min):.1f} %")
+    steady = [i for i, s in enumerate(test_half) if s["step_time_s"]["max"] <= 1.2 * s["step_time_s"]["min"]]
+    if steady:
+        print(f"time on the {len(steady)} test jobs whose measured steps agree within 20 % (a quiet machine): "
+              f"MAPE {mape_pct([time_pred[i] for i in steady], [time_meas[i] for i in steady]):.1f} % (median fit), "
+              f"{mape_pct([pred_min[i] for i in steady], [time_min[i] for i in steady]):.1f} % (min fit)")
 
     if not args.no_speed:
         out = subprocess.run([sys.executable, "-c", SPEED_CHILD], capture_output=True, text=True, cwd=REPO,

@@ -174,3 +174,17 @@ def test_cuda_prediction_against_max_memory_allocated(model, batch, run):
     assert p.traced == "fake tensors on cuda"
     assert abs(p.tensors_bytes - measured["mem_peak_bytes"]) / measured["mem_peak_bytes"] < 0.10
     assert p.allocator_reserved_bytes >= p.tensors_bytes
+
+
+def test_max_batch_is_the_largest_that_fits(tmp_path, monkeypatch):
+    monkeypatch.setenv(calibration.ENV_DIR, str(tmp_path))
+    from mtbench.predict.predictor import Predictor
+
+    tiny = ("model.workload.ngf=4", "model.workload.ndf=4")
+    probe = Predictor(target_name="nano", overrides=tiny)
+    at_8 = probe.predict("dcgan", 8).peak_bytes
+    budget = at_8 + (at_8 - probe.predict("dcgan", 4).peak_bytes) * 3  # room for about 20 samples
+    predictor = Predictor(target_name="nano", overrides=tiny + (f"target.memory_budget_bytes={budget}",))
+    best, note = predictor.max_batch("dcgan", 8)
+    assert 8 < best < 100
+    assert predictor.predict("dcgan", best).fits and not predictor.predict("dcgan", best + 1).fits, note

@@ -44,14 +44,23 @@ class Calibration:
     time_coef: Optional[List[float]] = None  # TIME_FEATURES' coefficients; None: no time fit
     time_scaled: bool = False  # x_flops / x_bytes scaled by the target's peaks (else raw FLOPs and bytes)
     time_fit_mape_pct: Optional[float] = None  # on the runs it was fitted on
-    runtime_bytes: Optional[int] = None  # training memory that is not tensors (median over the runs)
-    runtime_spread_bytes: Optional[List[int]] = None  # min and max of that residual over the runs
+    time_stat: str = "median"  # the step-time statistic fitted: median, or min (the fastest measured step)
+    # training memory that is not tensors = runtime_bytes + runtime_per_op_bytes * ops
+    #                                       + runtime_per_transient_byte * transient tensor bytes at the peak
+    # (transient: what the step allocates and frees, i.e. the tensors less parameters, gradients, optimizer
+    # state and inputs). The constant is the libraries' pages and arenas; per op, the kernels' primitives and
+    # autograd's nodes; per transient byte, what the C allocator keeps of freed blocks (fragmentation).
+    runtime_bytes: Optional[int] = None
+    runtime_per_op_bytes: float = 0.0
+    runtime_per_transient_byte: float = 0.0
+    runtime_spread_bytes: Optional[List[int]] = None  # min and max of measured - tensors over the runs
     runtime_note: str = ""  # what the runtime part holds, or why it was not fitted
     schema: str = SCHEMA
     runs_used: List[str] = field(default_factory=list)  # "<model> b<batch>" of each run
 
     def describe(self) -> str:
-        return f"calibrated on {self.runs} runs of {self.source} ({self.device_name}, {self.created[:10]})"
+        return (f"calibrated on {self.runs} runs of {self.source} ({self.device_name}, {self.created[:10]}, "
+                f"{self.time_stat} step time)")
 
     def efficiencies(self) -> Dict[str, Optional[float]]:
         """The fitted fraction of peak FLOP/s and bandwidth (only where scaled by a target's peaks)."""
@@ -88,13 +97,14 @@ def time_features(flops: float, bytes_moved: float, ops: float, peak_flops: Opti
                      float(ops)])
 
 
-def fit_nonnegative(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """Least squares of y ~ x @ c with c >= 0, relative to y (each run counts by its percentage error).
+def fit_nonnegative(x: np.ndarray, y: np.ndarray, scale: Optional[np.ndarray] = None) -> np.ndarray:
+    """Least squares of y ~ x @ c with c >= 0, relative to `scale` (default y: each run counts by its
+    percentage error).
 
     An active set: fit, drop the most negative coefficient, refit, until none is negative (a handful of
     features: at most that many rounds).
     """
-    w = 1.0 / np.maximum(y, 1e-12)
+    w = 1.0 / np.maximum(y if scale is None else scale, 1e-12)
     xs = x / np.maximum(np.abs(x).max(axis=0), 1e-300)  # columns of comparable size
     active = list(range(x.shape[1]))
     coef = np.zeros(x.shape[1])
@@ -106,6 +116,10 @@ def fit_nonnegative(x: np.ndarray, y: np.ndarray) -> np.ndarray:
             break
         active.pop(int(np.argmin(sol)))
     return coef / np.maximum(np.abs(x).max(axis=0), 1e-300)
+
+
+def runtime_features(ops: float, transient_bytes: float) -> np.ndarray:
+    return np.array([1.0, float(ops), float(transient_bytes)])
 
 
 def mape_pct(pred: Sequence[float], meas: Sequence[float]) -> float:

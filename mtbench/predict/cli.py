@@ -12,9 +12,9 @@ from mtbench.errors import UsageError
 
 PREDICT_USAGE = ("mtbench predict model=NAME batch=N [target=T] [device=cpu|cuda|auto] [max_batch=true|false] "
                  "[calibration=FILE] [out=DIR] [other overrides]   (-m: comma lists of models and batches)")
-CALIBRATE_USAGE = ("mtbench calibrate DIR [target=T] [out=FILE] "
+CALIBRATE_USAGE = ("mtbench calibrate DIR [target=T] [out=FILE] [time_stat=median|min] "
                    "[overrides the sweep ran with, e.g. model.workload.seq_len=128]")
-_OWN_KEYS = ("model", "batch", "target", "device", "max_batch", "calibration", "out")
+_OWN_KEYS = ("model", "batch", "target", "device", "max_batch", "calibration", "out", "time_stat")
 
 
 def _fail(message: str) -> int:
@@ -139,7 +139,7 @@ def print_table(rows: list, predictor) -> None:
         table.add_column(col, justify="left" if col == "model" else "right")
     for r in rows:
         if r.error:
-            table.add_row(r.model, str(r.batch_size), f"[red]{r.error[:70]}[/red]", *[""] * 12)
+            table.add_row(r.model, str(r.batch_size), "[red]failed[/red]", *[""] * 12)
             continue
         b = r.breakdown_bytes
         table.add_row(
@@ -150,6 +150,9 @@ def print_table(rows: list, predictor) -> None:
             "" if r.fits is None else ("yes" if r.fits else "[red]no[/red]"),
             "" if r.max_batch is None else str(r.max_batch))
     console.print(table)
+    for r in rows:
+        if r.error:
+            console.print(f"[red]{r.model} batch {r.batch_size}[/red]: {r.error}", markup=True, highlight=False)
     ok = [r for r in rows if not r.error]
     if ok:
         r = ok[0]
@@ -193,7 +196,7 @@ def main_calibrate(argv: Optional[List[str]] = None) -> int:
         from mtbench.predict.fit import calibrate
 
         cal, path, report = calibrate(Path(positional[0]), target=own.get("target"), out=own.get("out"),
-                                      overrides=tuple(rest))
+                                      overrides=tuple(rest), time_stat=own.get("time_stat", "median"))
     except UsageError as exc:
         return _fail(str(exc))
     for line in report:

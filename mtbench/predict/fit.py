@@ -45,13 +45,24 @@ def measured_training_bytes(s: Dict[str, Any]) -> Optional[int]:
     return int(peak) - int(before)
 
 
+def transient_bytes(parts: Dict[str, int]) -> int:
+    """Tensor bytes at the peak that the step allocates and frees (activations, temporaries)."""
+    held = sum(parts.get(k, 0) for k in ("parameters", "gradients", "optimizer_state", "inputs"))
+    return max(0, sum(parts.values()) - held)
+
+
 def calibrate(folder: Path, target: Optional[str] = None, out: Optional[str] = None,
               summaries: Optional[List[Dict[str, Any]]] = None,
-              overrides: Tuple[str, ...] = (), predictor: Any = None) -> Tuple[Calibration, Path, List[str]]:
+              overrides: Tuple[str, ...] = (), predictor: Any = None,
+              time_stat: str = "median") -> Tuple[Calibration, Path, List[str]]:
     """Fit and store the calibration of the sweep in `folder` (or of the given summaries).
 
     Each job is traced as `model=<its model> batch=<its batch>` plus `overrides` (the config overrides the
-    sweep ran with, other than model and batch). A given `predictor` (its traces cached) is used as is."""
+    sweep ran with, other than model and batch). A given `predictor` (its traces cached) is used as is.
+    `time_stat` is the step-time statistic fitted: "median" (the summary's headline) or "min" (the fastest
+    measured step: less of what other processes on a shared machine add)."""
+    if time_stat not in ("median", "min"):
+        raise UsageError(f"time_stat={time_stat!r} is not known; allowed: median, min")
     from mtbench.predict.predictor import Predictor
 
     runs = summaries if summaries is not None else read_summaries(folder)
@@ -70,6 +81,7 @@ def calibrate(folder: Path, target: Optional[str] = None, out: Optional[str] = N
     t = predictor.target
     scaled = device == "cuda" and t.peak_fp32_flops is not None and t.dram_bandwidth_bytes_per_s is not None
     x, y, residuals, used, report = [], [], [], [], []
+    mem_x, mem_total = [], []
     for s in runs:
         model, batch = str(s["model"]), int(s["batch_size"])
         try:
@@ -79,10 +91,12 @@ def calibrate(folder: Path, target: Optional[str] = None, out: Optional[str] = N
             continue
         x.append(calibration.time_features(p.flops, p.bytes_moved, p.ops, t.peak_fp32_flops if scaled else None,
                                            t.dram_bandwidth_bytes_per_s if scaled else None))
-        y.append(float(s["step_time_s"]["median"]))
+        y.append(float(s["step_time_s"][time_stat]))
         measured = measured_training_bytes(s)
         if measured is not None:
             residuals.append(measured - p.tensors_bytes)
+            mem_x.append(calibration.runtime_features(p.ops, transient_bytes(p.breakdown_bytes)))
+            mem_total.append(measured)
         used.append(f"{model} b{batch}")
     if not used:
         raise UsageError(f"no job of {folder} could be traced; see the lines above")
@@ -95,14 +109,20 @@ def calibrate(folder: Path, target: Optional[str] = None, out: Optional[str] = N
         device_name=", ".join(sorted(names)), source=str(folder), runs=len(used),
         created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         time_coef=None if coef is None else [float(c) for c in coef], time_scaled=scaled,
-        time_fit_mape_pct=fit_mape, runs_used=used,
+        time_fit_mape_pct=fit_mape, runs_used=used, time_stat=time_stat,
     )
-    if residuals:
+    if len(residuals) >= 4:  # a constant, per op, per transient byte: fitted on relative error, all >= 0
+        c = calibration.fit_nonnegative(np.array(mem_x), np.array(residuals, float),
+                                        scale=np.array(mem_total, float))
+        cal.runtime_bytes = int(c[0])
+        cal.runtime_per_op_bytes, cal.runtime_per_transient_byte = float(c[1]), float(c[2])
+    elif residuals:
         cal.runtime_bytes = int(np.median(residuals))
+    if residuals:
         cal.runtime_spread_bytes = [int(min(residuals)), int(max(residuals))]
-        cal.runtime_note = ("measured training memory less traced tensors, median over the runs: " +
-                            ("oneDNN scratch, allocator arenas, threads" if device == "cpu" else
-                             "allocations outside the traced ops (cuDNN workspace)"))
+        cal.runtime_note = ("fitted to measured training memory less traced tensors: " +
+                            ("libraries' pages, oneDNN primitives and scratch, allocator arenas" if device == "cpu"
+                             else "allocations outside the traced ops (cuDNN workspace)"))
     else:
         cal.runtime_note = "not fitted: the summaries lack the memory before the model was built (mem_runtime_bytes)"
     report.append(f"{len(used)} runs of {cal.device_name} ({device}, target {target})")
@@ -113,7 +133,9 @@ def calibrate(folder: Path, target: Optional[str] = None, out: Optional[str] = N
         if scaled:
             report.append(f"efficiency: {eff['flops']} of peak FLOP/s, {eff['bandwidth']} of DRAM bandwidth")
     if cal.runtime_bytes is not None:
-        report.append(f"runtime memory: {cal.runtime_bytes / 2**20:.1f} MiB "
-                      f"(from {cal.runtime_spread_bytes[0] / 2**20:.1f} to {cal.runtime_spread_bytes[1] / 2**20:.1f})")
+        lo, hi = (v / 2**20 for v in cal.runtime_spread_bytes)
+        report.append(f"runtime memory: {cal.runtime_bytes / 2**20:.1f} MiB + {cal.runtime_per_op_bytes / 1024:.1f} "
+                      f"KiB per op + {cal.runtime_per_transient_byte:.3f} per transient tensor byte (measured less "
+                      f"tensors: {lo:.1f} to {hi:.1f} MiB)")
     path = calibration.save(cal, Path(out) if out else None)
     return cal, path, report

@@ -11,13 +11,14 @@ from mtbench.errors import UsageError
 from mtbench.predict import allocator, calibration
 from mtbench.predict.trace import StepTrace, breakdown, trace_step
 
-# Training memory that is not tensors, where no calibration says otherwise. CPU: oneDNN scratch, glibc arenas,
-# thread stacks; measured here (x86, torch 2.14) at 55-71 MB over a step's tensor peak (issue 10). CUDA: the
-# cuDNN workspace and what else is allocated outside the traced ops is unknown without a calibration: 0, said so.
-DEFAULT_RUNTIME_BYTES = {"cpu": 64 << 20, "cuda": 0}
+# Training memory that is not tensors, where no calibration says otherwise. CPU: the libraries' pages a step
+# touches, oneDNN primitives and scratch, glibc arenas; a job's peak less its memory before the model was built
+# exceeded the traced tensors by 240-390 MiB on the 36 CPU jobs of benchmarks/predict_accuracy.py (x86, torch
+# 2.14). CUDA: the cuDNN workspace and what else is allocated outside the traced ops: 0 without a calibration.
+DEFAULT_RUNTIME_BYTES = {"cpu": 256 << 20, "cuda": 0}
 DEFAULT_RUNTIME_NOTE = {
-    "cpu": "assumed 64 MiB (oneDNN scratch, allocator arenas, threads; 55-71 MB measured on x86 with torch 2.14): "
-           "not calibrated for this device",
+    "cpu": "assumed 256 MiB (libraries' pages, oneDNN primitives, allocator arenas; 240-390 MiB measured on x86 "
+           "with torch 2.14): not calibrated for this device",
     "cuda": "not calibrated: cuDNN workspace unknown, counted as 0 (the CUDA context is outside the target's "
             "budget, as its budget rule says)",
 }
@@ -148,7 +149,7 @@ class Predictor:
             reserved: Optional[int] = peaks.reserved_bytes
         else:
             tensors, parts, reserved = trace.peak_tensor_bytes, dict(trace.breakdown_bytes), None
-        runtime, runtime_note = self._runtime()
+        runtime, runtime_note = self._runtime(trace.ops, parts)
         peak = (reserved if reserved is not None else tensors) + runtime
         budget = self.target.memory_budget_bytes
         step_s, roofline_s, time_note = self._time(trace)
@@ -163,10 +164,14 @@ class Predictor:
             trace_s=trace.trace_s,
         )
 
-    def _runtime(self) -> Tuple[int, str]:
+    def _runtime(self, ops: int, parts: Dict[str, int]) -> Tuple[int, str]:
+        from mtbench.predict.fit import transient_bytes
+
         cal = self.calibration
         if cal is not None and cal.runtime_bytes is not None:
-            return cal.runtime_bytes, f"{cal.runtime_note}; {cal.describe()}"
+            runtime = (cal.runtime_bytes + cal.runtime_per_op_bytes * ops
+                       + cal.runtime_per_transient_byte * transient_bytes(parts))
+            return int(runtime), f"{cal.runtime_note}; {cal.describe()}"
         return DEFAULT_RUNTIME_BYTES[self.device], DEFAULT_RUNTIME_NOTE[self.device]
 
     def _time(self, trace: StepTrace) -> Tuple[Optional[float], Optional[float], str]:
