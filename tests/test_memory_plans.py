@@ -294,3 +294,17 @@ def test_microbatches_in_sequence_models_give_the_gradients_of_the_full_batch(mo
     for name in full:
         if not name.startswith("buffer:"):
             assert torch.allclose(full[name], micro[name], atol=1e-5, rtol=1e-4), name
+
+
+def test_with_batchnorm_auto_takes_exact_gradients_first():
+    class P:
+        def __init__(self, peak: int, time_s: float) -> None:
+            self.peak_bytes, self.step_time_s = peak, time_s
+
+    plans = plan_select.candidates(True, True, batch=8, batchnorm=True)
+    assert plans[:2] == [NONE, MemoryPlan(segments=AUTO_SEGMENTS)]
+    # recompute (500) and microbatch/2 (500) fit; microbatch/2 is predicted faster, but changes BatchNorm's gradients
+    peak = {p: 1000 // p.microbatch // (2 if p.segments else 1) for p in plans}
+    choice = plan_select.choose_by_prediction(plans, 600, lambda p: P(peak[p], 1.0 if p.segments else 0.5),
+                                              batchnorm=True)
+    assert choice.plan == MemoryPlan(segments=AUTO_SEGMENTS) and "BatchNorm" in choice.chosen_because

@@ -153,15 +153,18 @@ class Planner:
         if self.budget_bytes is None:
             return plan_select.Choice(NONE, "fixed", "memory.plan=auto without a budget yet: none")
         batch = int(self.cfg.batch)
+        batchnorm = any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm)
+                        for net in self.workload.modules() for m in net.modules())
         plans = plan_select.candidates(bool(self.workload.blocks()), bool(self.workload.MICROBATCH), batch,
-                                       self.settings.recompute)
+                                       self.settings.recompute, batchnorm)
         reason = None
         if self.select in ("auto", "predictor"):
             try:
                 predictor = plan_select.job_predictor(self.cfg, self.device.type, self.budget_bytes)
                 model = str(self.cfg.model.name)
                 return plan_select.choose_by_prediction(
-                    plans, self.budget_bytes, lambda p: plan_select.predict_plan(predictor, model, batch, p))
+                    plans, self.budget_bytes, lambda p: plan_select.predict_plan(predictor, model, batch, p),
+                    batchnorm)
             except Exception as exc:  # no predictor here (torch < 2.5), or it cannot trace this step: probe
                 if self.select == "predictor" and isinstance(exc, UsageError):
                     raise

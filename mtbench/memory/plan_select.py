@@ -22,9 +22,12 @@ def expected_cost(plan: MemoryPlan) -> float:
     return (1.33 if plan.segments else 1.0) * (1.0 + 0.1 * math.log2(plan.microbatch))
 
 
-def candidates(segmentable: bool, microbatchable: bool, batch: int, segments: int = AUTO_SEGMENTS) -> List[MemoryPlan]:
+def candidates(segmentable: bool, microbatchable: bool, batch: int, segments: int = AUTO_SEGMENTS,
+               batchnorm: bool = False) -> List[MemoryPlan]:
     """The plans auto considers, in order of expected cost: none, recomputation (when the workload offers blocks),
-    2, 4, 8, ... micro-batches (at least one sample each), alone and with recomputation."""
+    2, 4, 8, ... micro-batches (at least one sample each), alone and with recomputation. With BatchNorm (which
+    normalizes each micro-batch by its own statistics, so micro-batches change the gradients) the plans that keep
+    the full batch's gradients come first."""
     seg = segments if segmentable else 0
     out = [NONE] + ([MemoryPlan(segments=seg)] if seg else [])
     n = 2
@@ -33,6 +36,8 @@ def candidates(segmentable: bool, microbatchable: bool, batch: int, segments: in
         if seg:
             out.append(MemoryPlan(segments=seg, microbatch=n))
         n *= 2
+    if batchnorm:
+        return sorted(out, key=lambda p: (p.microbatch > 1, expected_cost(p)))
     return sorted(out, key=expected_cost)  # stable: ties keep the order above
 
 
@@ -55,10 +60,11 @@ AFTER_FIRST_FIT = 2  # plans predicted after the first that fits (a trace takes 
 
 
 def choose_by_prediction(plans: List[MemoryPlan], budget: int,
-                         predict: Callable[[MemoryPlan], Any]) -> Choice:
+                         predict: Callable[[MemoryPlan], Any], batchnorm: bool = False) -> Choice:
     """predict(plan) -> a Prediction (peak_bytes, step_time_s). Plans are predicted in order of expected cost until
     the first that fits and AFTER_FIRST_FIT more; among those that fit, the least predicted step time (ties: the
-    order of expected cost); without predicted times, the first that fits."""
+    order of expected cost); without predicted times, the first that fits. With BatchNorm, a plan without
+    micro-batches that fits is taken before any with them (exact gradients before speed)."""
     rows: List[Dict[str, Any]] = []
     left = None
     for plan in plans:
@@ -78,6 +84,10 @@ def choose_by_prediction(plans: List[MemoryPlan], budget: int,
         why = (f"no plan's predicted peak fits the budget of {budget} bytes: the smallest predicted peak "
                f"({r['predicted_peak_bytes']} bytes, {plan.label})")
         return Choice(plan, "predictor", why, r["predicted_peak_bytes"], r["predicted_step_time_s"], considered=rows)
+    exact = [(r, plan) for r, plan in fitting if plan.microbatch == 1]
+    note = ""
+    if batchnorm and exact and len(exact) < len(fitting):
+        fitting, note = exact, "; BatchNorm: plans without micro-batches first (the full batch's gradients)"
     timed = [(r, plan) for r, plan in fitting if r["predicted_step_time_s"] is not None]
     if timed:
         best = min(r["predicted_step_time_s"] for r, _ in timed)
@@ -89,7 +99,8 @@ def choose_by_prediction(plans: List[MemoryPlan], budget: int,
         r, plan = fitting[0]
         why = (f"first in order of expected cost whose predicted peak fits {budget} bytes (the predictor "
                "has no step time for this target: not calibrated)")
-    return Choice(plan, "predictor", why, r["predicted_peak_bytes"], r["predicted_step_time_s"], considered=rows)
+    return Choice(plan, "predictor", why + note, r["predicted_peak_bytes"], r["predicted_step_time_s"],
+                  considered=rows)
 
 
 def choose_by_probes(plans: List[MemoryPlan], budget: int,
