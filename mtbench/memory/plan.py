@@ -1,4 +1,4 @@
-"""Memory plans: recompute activations (checkpointed segments of a workload's blocks) and micro-batches (accumulated gradients)."""
+"""Memory plans: recomputed activations (checkpointed runs of a workload's blocks), micro-batches (accumulated gradients)."""
 from __future__ import annotations
 
 import contextlib

@@ -176,5 +176,8 @@ def probe_step(workload: Any, plan: MemoryPlan, device: torch.device, runtime_by
     seconds = time.monotonic() - began
     mem = peak.read()
     # on CUDA the budget caps what the allocator reserves; on CPU the resident peak less the runtime
-    compared = mem.get("mem_peak_reserved_bytes") if device.type == "cuda" else budget.compared_bytes(mem, runtime_bytes)
+    if device.type == "cuda":
+        compared = mem.get("mem_peak_reserved_bytes")
+    else:
+        compared = budget.compared_bytes(mem, runtime_bytes)
     return {"peak_bytes": compared, "step_time_s": seconds, "oom": False}
