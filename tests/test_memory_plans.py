@@ -311,3 +311,16 @@ def test_with_batchnorm_auto_takes_exact_gradients_first():
     choice = plan_select.choose_by_prediction(plans, 600, lambda p: P(peak[p], 1.0 if p.segments else 0.5),
                                               batchnorm=True)
     assert choice.plan == MemoryPlan(segments=AUTO_SEGMENTS) and "BatchNorm" in choice.chosen_because
+
+
+def test_the_predictor_sees_what_recomputation_saves(monkeypatch):
+    pytest.importorskip("torch.distributed._tools.mem_tracker")
+    from mtbench import config
+
+    monkeypatch.setattr(config, "ALLOWED_TARGET_PREFIXES", config.ALLOWED_TARGET_PREFIXES + ("tests.",))
+    cfg = compose_cfg([*TINY_JOB, "batch=64"])
+    predictor = plan_select.job_predictor(cfg, "cpu", 1 << 30)
+    plain = plan_select.predict_plan(predictor, "squeezenet", 64, NONE)
+    recomputed = plan_select.predict_plan(predictor, "squeezenet", 64, MemoryPlan(segments=AUTO_SEGMENTS))
+    assert recomputed.breakdown_bytes["activations"] < 0.7 * plain.breakdown_bytes["activations"]
+    assert recomputed.flops > plain.flops  # the recomputed forward is counted
