@@ -26,7 +26,7 @@ TINY = {
     "dqn": ["data=synthetic", "model.workload.learning_starts=8", "model.workload.buffer_size=16",
             "model.workload.target_update=1"],
     "seq2seq": ["model.workload.hidden=32", "data.src_vocab=200", "data.tgt_vocab=150"],
-    "bidaf": ["model.workload.d=16", "model.workload.words=500", "data.word_vocab=400"],
+    "bidaf": ["model.workload.d=16", "model.workload.words=500", "data.word_vocab=400", "model.workload.max_context=64"],
     "bert": ["model.workload.hidden=32", "model.workload.layers=2", "model.workload.heads=2",
              "model.workload.intermediate=64", "model.workload.seq_len=64", "model.workload.vocab_size=500"],
     "densenet100": ["model.workload.net.depth=22"],
