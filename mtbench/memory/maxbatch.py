@@ -149,7 +149,8 @@ def _parse(argv: List[str]) -> argparse.Namespace:
         description="The largest batch that trains within a target's memory budget: doubling, then bisection; "
                     "each probe a short real job (1 warm-up step, 1 measured) in its own process.")
     parser.add_argument("-m", "--multirun", action="store_true", help="search each model of model=a,b,c")
-    parser.add_argument("--start", type=int, default=1, help="first batch probed (default 1)")
+    # 2, not 1: a BatchNorm over 1x1 maps (ResNet, MobileNetV2 on 32x32 inputs) cannot train on one sample
+    parser.add_argument("--start", type=int, default=2, help="first batch probed (default 2)")
     parser.add_argument("--limit", type=int, default=4096, help="largest batch probed (default 4096)")
     parser.add_argument("--tolerance", type=float, default=0.05,
                         help="stop bisecting when the gap is within this fraction of the largest fit (default 0.05)")
