@@ -91,7 +91,7 @@ def all_models() -> None:
     from mtbench.predict.predictor import Predictor
 
     for target in ("none", "tx2"):
-        predictor = Predictor(target_name=target, device="cpu")
+        predictor = Predictor(target_name=target, device="cpu" if target == "none" else "cuda")
         for model in group_options("model"):
             try:
                 p = predictor.predict(model, 8)
@@ -123,7 +123,7 @@ def main() -> None:
         run_sweep(args.models.split(","), args.batches, folder)
     runs = sorted(read_summaries(folder), key=lambda s: (s["model"], s["batch_size"]))
     runs = [s for s in runs if s["model"] in args.models.split(",")]
-    predictor = Predictor(target_name="none", device="cpu")
+    predictor = Predictor(target_name="none", device="cpu", overrides=("warmup=1", "steps=3"))  # as the sweep ran
     t0 = time.monotonic()
     for s in runs:
         predictor.trace(s["model"], int(s["batch_size"]))

@@ -143,6 +143,7 @@ def test_calibrate_then_predict_uses_it(tmp_path, monkeypatch, capsys):
     (["model=alexnet", "batch=0"], "batch=0 is out of range"),
     (["model=alexnet", "batch=2", "target=moon"], "target='moon' is not known"),
     (["model=alexnet"], "model= and batch= are required"),
+    (["model=alexnet", "batch=2", "calibration=/nonexistent.json"], "is not a file"),
 ])
 def test_bad_input_is_one_line(argv, says, capsys):
     from mtbench.predict.cli import main_predict

@@ -81,6 +81,9 @@ def main_predict(argv: Optional[List[str]] = None) -> int:
         for m in models:
             if m not in group_options("model"):
                 raise UsageError(f"model={m!r} is not known; allowed: {', '.join(group_options('model'))}")
+        if own.get("calibration") and not Path(own["calibration"]).is_file():
+            raise UsageError(f"calibration={own['calibration']!r} is not a file; allowed: a file `mtbench calibrate` "
+                             f"wrote")
         from mtbench.predict.predictor import Predictor
 
         predictor = Predictor(target_name=target, device=own.get("device", "auto"), overrides=tuple(rest),

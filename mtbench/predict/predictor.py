@@ -62,7 +62,7 @@ class Predictor:
     """Predicts jobs for one target; traces are cached per (model, batch, overrides)."""
 
     target_name: str = "none"
-    device: str = "auto"  # target=none: "cpu", "cuda" or "auto" (cuda when this host has one); boards: cuda
+    device: str = "auto"  # "cpu", "cuda" or "auto": target none, cuda when this host has one; a board, its GPU
     overrides: Sequence[str] = ()  # further config overrides (model.workload.seq_len=128, target.memory_budget_bytes=N)
     calibration_path: Optional[str] = None  # a calibration file instead of the stored one for this target and device
     _traces: Dict[Tuple[str, int], Tuple[StepTrace, str]] = field(default_factory=dict)
@@ -72,13 +72,11 @@ class Predictor:
 
         cfg = self.compose(None, 1, [o for o in self.overrides if o.startswith("target.")])
         self.target = target_from_cfg(cfg)
-        if self.target.is_none:
-            if self.device == "auto":
-                self.device = "cuda" if torch.cuda.is_available() else "cpu"
-            elif self.device not in ("cpu", "cuda"):
-                raise UsageError(f"device={self.device!r} is not known; allowed: cpu, cuda, auto")
-        else:
-            self.device = "cuda"  # a Jetson trains on its GPU
+        if self.device not in ("cpu", "cuda", "auto"):
+            raise UsageError(f"device={self.device!r} is not known; allowed: cpu, cuda, auto")
+        if self.device == "auto":
+            # a Jetson trains on its GPU; device=cpu with a board: a CPU job held to the board's budget
+            self.device = "cuda" if torch.cuda.is_available() or not self.target.is_none else "cpu"
         key = calibration.calibration_key(self.target.name, self.device)
         self.calibration = calibration.load(key, self.calibration_path)
 
