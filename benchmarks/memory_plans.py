@@ -97,13 +97,13 @@ def bench_model(model: str, prober: Prober, select: str, image_size: int) -> Dic
     budget = int(p16 + 2 * max(0, p16 - p8) / 8)
     held = [*base, f"memory.budget_gb={budget / 2**30!r}"]
     row: Dict[str, Any] = {"model": model, "image_size": size, "budget_bytes": budget}
-    plain = search(prober.fits([*held, "memory.plan=none"], f"{model}/none"), start=16, limit=64, tolerance=0.25)
+    plain = search(prober.fits([*held, "memory.plan=none"], f"{model}/none"), start=16, limit=64, tolerance=0.3)
     n0 = plain.max_batch
     row["none"] = {"max_batch": n0, "throughput": throughput(prober, f"{model}/none", n0), "error": plain.error}
     if not n0:
         return row
-    rec = search(prober.fits([*held, "memory.plan=recompute"], f"{model}/recompute"), start=n0, limit=8 * n0,
-                 tolerance=0.25)
+    rec = search(prober.fits([*held, "memory.plan=recompute"], f"{model}/recompute"), start=n0, limit=4 * n0,
+                 tolerance=0.3)
     row["recompute"] = {"max_batch": rec.max_batch, "limit_reached": rec.limit_reached,
                         "throughput": throughput(prober, f"{model}/recompute", rec.max_batch), "error": rec.error,
                         "plan": (rec.probe_at(rec.max_batch).plan if rec.probe_at(rec.max_batch) else None)}
@@ -114,7 +114,7 @@ def bench_model(model: str, prober: Prober, select: str, image_size: int) -> Dic
     if first.fits:
         auto = {"max_batch": goal, "limit_reached": True, "plan": first.plan}
     elif first.kind in DOES_NOT_FIT:
-        below = search(fits, start=n0, limit=goal - 1, tolerance=0.25)
+        below = search(fits, start=n0, limit=goal - 1, tolerance=0.3)
         at = below.probe_at(below.max_batch)
         auto = {"max_batch": below.max_batch, "limit_reached": False, "plan": at.plan if at else None,
                 "error": below.error}

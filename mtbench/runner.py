@@ -130,10 +130,11 @@ class Job:
         # cuDNN tries every convolution algorithm on each new shape and keeps the fastest (TensorFlow, which the
         # paper used, does so by default); the warm-up steps absorb the trials
         torch.backends.cudnn.benchmark = self.cudnn_benchmark
+        # memory.*: before the runtime's memory is read (auto's predictor leaves imports and caches behind)
+        self.planner.before_build(self.device)
         # before anything of the model exists: what the runtime holds (CPU), and the allocator's cap (CUDA)
         self.runtime_bytes = memory.current_rss_bytes() if self.device.type == "cpu" else None
         self.budget = budget.apply_budget(self.target, self.device)
-        self.planner.before_build(self.device, self.runtime_bytes)
         data: DataSource = instantiate(self.cfg.data)
         self.data_label = data.label
         self.notify("data", self.data_label)
@@ -147,7 +148,7 @@ class Job:
         )
         self.workload.setup(ctx)
         # memory.plan: fixed, or (auto) the fastest predicted or probed plan that fits the budget
-        self.planner.start(self.workload, is_oom)
+        self.planner.start(self.workload, is_oom, self.runtime_bytes)
         self.parameters = self.workload.parameter_count()
         peak = memory.PeakMemory(self.device)
         assert self.sampler is not None

@@ -110,9 +110,11 @@ class Planner:
             os.environ[ALLOC_CONF] = ",".join(p for p in (conf, "expandable_segments:True") if p)
         return {"requested": True, "set_through": ALLOC_CONF}
 
-    def before_build(self, device: torch.device, runtime_bytes: Optional[int]) -> None:
+    def before_build(self, device: torch.device) -> None:
+        """Before the model exists and before the runtime's memory is read: the allocator setting, the watched
+        budget, and (auto) the predictor's choice: its imports and caches stay in the process, so they must count
+        as runtime, not as the job's training memory."""
         self.device = device
-        self.runtime_bytes = runtime_bytes
         if self.allocator is not None and device.type == "cuda":
             setter = getattr(torch.cuda.memory, "_set_allocator_settings", None)
             if setter is not None:  # torch >= 2.1: applies to segments made from now on
@@ -120,6 +122,12 @@ class Planner:
                 self.allocator["set_through"] += " and torch.cuda.memory._set_allocator_settings"
         if self.watch is not None and self.watch.changed():
             self.budget_bytes, self.budget_source = self._read_watched(), f"budget_file {self.watch.path}"
+        if self.settings.plan == "auto" and self.select != "probes" and self.budget_bytes is not None:
+            from mtbench.config import instantiate
+
+            with torch.device("meta"):  # what the workload can run, without allocating it
+                shell = instantiate(self.cfg.model.workload)
+            self.choice = self._choose(shell, probe=False)
 
     def _read_watched(self) -> Optional[int]:
         assert self.watch is not None
@@ -130,8 +138,9 @@ class Planner:
             return self.budget_bytes
 
     # -- once the workload is set up --------------------------------------------------------------------------
-    def start(self, workload: Any, is_oom: Callable[[BaseException], bool]) -> None:
-        self.workload, self.is_oom = workload, is_oom
+    def start(self, workload: Any, is_oom: Callable[[BaseException], bool], runtime_bytes: Optional[int]) -> None:
+        """Once the workload is set up: the plan (auto: the predictor's choice, or probes of real steps)."""
+        self.workload, self.is_oom, self.runtime_bytes = workload, is_oom, runtime_bytes
         s = self.settings
         if s.plan == "none":
             plan, self.choice = NONE, plan_select.Choice(NONE, "fixed", "memory.plan=none")
@@ -142,23 +151,28 @@ class Planner:
             plan = MemoryPlan(microbatch=s.microbatch)
             self.choice = plan_select.Choice(plan, "fixed", f"memory.plan=microbatch, memory.microbatch={s.microbatch}")
         else:
-            self.choice = self._choose()
+            if self.choice is None or self.choice.method == "probes-needed":
+                self.choice = self._choose(workload, probe=True, why=self.choice.chosen_because if self.choice else None)
             plan = self.choice.plan
         workload.set_memory_plan(plan)  # a plan the workload cannot run: UsageError naming what it can
         self.plan = plan
 
-    def _choose(self) -> plan_select.Choice:
-        """memory.plan=auto under the current budget (or none when there is no budget yet)."""
-        assert self.workload is not None and self.device is not None
+    def _choose(self, workload: Any, probe: bool = True, why: Optional[str] = None) -> plan_select.Choice:
+        """memory.plan=auto under the current budget (or none when there is no budget yet): the predictor, or
+        probes of real steps on `workload` where it cannot be used (probe=False: say that probes are needed)."""
+        assert self.device is not None
         if self.budget_bytes is None:
             return plan_select.Choice(NONE, "fixed", "memory.plan=auto without a budget yet: none")
         batch = int(self.cfg.batch)
-        batchnorm = any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm)
-                        for net in self.workload.modules() for m in net.modules())
-        plans = plan_select.candidates(bool(self.workload.blocks()), bool(self.workload.MICROBATCH), batch,
+        try:
+            nets = workload.modules()
+        except AttributeError:  # a workload that builds its networks in setup (a shell on meta has none)
+            nets = []
+        batchnorm = any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for net in nets for m in net.modules())
+        plans = plan_select.candidates(bool(workload.blocks()), bool(workload.MICROBATCH), batch,
                                        self.settings.recompute, batchnorm)
-        reason = None
-        if self.select in ("auto", "predictor"):
+        reason = why
+        if self.select in ("auto", "predictor") and why is None:
             try:
                 predictor = plan_select.job_predictor(self.cfg, self.device.type, self.budget_bytes)
                 model = str(self.cfg.model.name)
@@ -170,8 +184,10 @@ class Planner:
                     raise
                 reason = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
                 log.info("memory.plan=auto: the predictor failed (%s); choosing by probes", reason)
+        if not probe:
+            return plan_select.Choice(NONE, "probes-needed", reason or "")
         choice = plan_select.choose_by_probes(plans, self.budget_bytes, lambda p: plan_select.probe_step(
-            self.workload, p, self.device, self.runtime_bytes, self.is_oom))
+            workload, p, self.device, self.runtime_bytes, self.is_oom))
         if reason:
             choice.chosen_because += f" (the predictor could not be used: {reason})"
         return choice
@@ -195,7 +211,7 @@ class Planner:
             apply_budget(dataclasses.replace(Target.none(), name="budget_file", memory_budget_bytes=budget),
                          self.device)
         if self.settings.plan == "auto":
-            self.choice = self._choose()
+            self.choice = self._choose(self.workload)
             self.plan = self.choice.plan
             self.workload.set_memory_plan(self.plan)
         self.replans.append({"before_step": index, "budget_bytes": budget, "from": before.label,
