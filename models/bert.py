@@ -55,6 +55,8 @@ class BertQA(nn.Module):
 
 
 class BERT(Workload):
+    MICROBATCH = True  # its loss is a mean over the batch's examples (memory.plan=microbatch)
+
     def __init__(self, optimizer: Any, vocab_size: int = 30522, hidden: int = 768, layers: int = 12, heads: int = 12,
                  intermediate: int = 3072, max_positions: int = 512, seq_len: int = 384, max_question: int = 64,
                  dropout: float = 0.1) -> None:
@@ -93,10 +95,12 @@ class BERT(Workload):
         ids, seg, start, end = self.batches[self.i % len(self.batches)]
         self.i += 1
         self.optimizer.zero_grad(set_to_none=True)
-        p1, p2 = self.net(ids, seg)
-        loss = (F.cross_entropy(p1, start) + F.cross_entropy(p2, end)) / 2
-        loss.backward()
+        self.planned_backward(self._loss, ids, seg, start, end)  # memory.plan=microbatch: per example, mean
         self.optimizer.step()
+
+    def _loss(self, ids: torch.Tensor, seg: torch.Tensor, start: torch.Tensor, end: torch.Tensor) -> torch.Tensor:
+        p1, p2 = self.net(ids, seg)
+        return (F.cross_entropy(p1, start) + F.cross_entropy(p2, end)) / 2
 
     def modules(self) -> List[nn.Module]:
         return [self.net]

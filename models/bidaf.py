@@ -85,6 +85,8 @@ class BiDAFNet(nn.Module):
 
 
 class BiDAF(Workload):
+    MICROBATCH = True  # its loss is a mean over the batch's examples (memory.plan=microbatch)
+
     def __init__(self, optimizer: Any, d: int = 100, words: int = 100000, chars: int = 300,
                  max_word_len: int = 16, max_context: int = 400, dropout: float = 0.2) -> None:
         self.make_optimizer = optimizer
@@ -131,10 +133,13 @@ class BiDAF(Workload):
         cw, cc, qw, qc, start, end = self.batches[self.i % len(self.batches)]
         self.i += 1
         self.optimizer.zero_grad(set_to_none=True)
-        p1, p2 = self.net(cw, cc, qw, qc)
-        loss = F.cross_entropy(p1, start) + F.cross_entropy(p2, end)
-        loss.backward()
+        self.planned_backward(self._loss, cw, cc, qw, qc, start, end)  # memory.plan=microbatch: per example, mean
         self.optimizer.step()
+
+    def _loss(self, cw: torch.Tensor, cc: torch.Tensor, qw: torch.Tensor, qc: torch.Tensor, start: torch.Tensor,
+              end: torch.Tensor) -> torch.Tensor:
+        p1, p2 = self.net(cw, cc, qw, qc)
+        return F.cross_entropy(p1, start) + F.cross_entropy(p2, end)
 
     def modules(self) -> List[nn.Module]:
         return [self.net]

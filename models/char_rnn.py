@@ -36,6 +36,8 @@ class CharConvLSTM(nn.Module):
 
 
 class CharRNN(Workload):
+    MICROBATCH = True  # its loss is a mean over the batch's examples (memory.plan=microbatch)
+
     def __init__(self, optimizer: Any, seq_len: int = 100, vocab: int = 65, embed: int = 64,
                  conv_channels: int = 128, kernel: int = 5, hidden: int = 256, layers: int = 2,
                  dropout: float = 0.2) -> None:
@@ -68,11 +70,15 @@ class CharRNN(Workload):
         x, y = self.batches[self.i % len(self.batches)]
         self.i += 1
         self.optimizer.zero_grad(set_to_none=True)
-        logits = self.net(x)
-        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
-        loss.backward()
+        # memory.plan=microbatch: every sequence has seq_len characters, so the mean over a micro-batch's
+        # characters weighted by its share of the sequences is the batch's mean
+        self.planned_backward(self._loss, x, y)
         nn.utils.clip_grad_norm_(self.net.parameters(), 5.0)
         self.optimizer.step()
+
+    def _loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        logits = self.net(x)
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
 
     def modules(self) -> List[nn.Module]:
         return [self.net]

@@ -1,20 +1,25 @@
 """Image classification: the training step of every CNN in the suite (cross-entropy, SGD by default)."""
 from __future__ import annotations
 
-from typing import Any, Dict, List, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
 
+from mtbench.memory.plan_blocks import sequential_blocks
 from mtbench.workload import SetupContext, Workload, optimizer_from
 
 
 class ImageClassification(Workload):
+    MICROBATCH = True  # the loss is the mean cross-entropy over the batch's images
+
     def __init__(self, net: torch.nn.Module, optimizer: Any, input_shape: Sequence[int], num_classes: int) -> None:
         self.net = net
         self.make_optimizer = optimizer
         self.input_shape = tuple(input_shape)
         self.num_classes = int(num_classes)
+        self._blocks: Optional[List[torch.nn.Module]] = None
+        self._blocks_derived = False
 
     def setup(self, ctx: SetupContext) -> None:
         self.net.to(ctx.device).train()
@@ -27,9 +32,17 @@ class ImageClassification(Workload):
         x, y = self.batches[self.i % len(self.batches)]
         self.i += 1
         self.optimizer.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(self.net(x), y)
-        loss.backward()
+        # forward and backward under the memory plan (recomputed segments, micro-batches); one update per step
+        self.planned_backward(lambda x, y: F.cross_entropy(self.planned_forward(self.net, x), y), x, y)
         self.optimizer.step()
+
+    def blocks(self) -> Optional[List[torch.nn.Module]]:
+        # derived once from the network's children and checked against net(x) on two images
+        if not self._blocks_derived:
+            device = next(self.net.parameters()).device
+            self._blocks = sequential_blocks(self.net, lambda: torch.randn(2, *self.input_shape, device=device))
+            self._blocks_derived = True
+        return self._blocks
 
     def modules(self) -> List[torch.nn.Module]:
         return [self.net]

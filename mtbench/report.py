@@ -267,13 +267,22 @@ def fig_profile(job: Dict[str, Any], root: Path, out: Path, top: int = 12) -> Op
     return _save(fig, out / name)
 
 
+def plan_cell(job: Dict[str, Any]) -> str:
+    """The memory plan a job ran under (memory_plan.label; `auto:` when auto chose it, `->` for each re-plan)."""
+    plan = job.get("memory_plan")
+    if not isinstance(plan, dict):
+        return "none"  # a summary from before memory plans: plain training
+    labels = [r.get("from") for r in plan.get("replans") or []] + [plan.get("label")]
+    return ("auto: " if plan.get("setting") == "auto" else "") + " -> ".join(str(x) for x in labels)
+
+
 def readme(jobs: List[Dict[str, Any]], figures: List[str]) -> str:
     def cell(v: Optional[float], spec: str) -> str:
         return "n/a" if v is None else format(v, spec)
 
     lines = ["# mtbench report", "", f"{len(jobs)} job(s). n/a: {NOT_MEASURED} (or the job failed).", "",
              "| job | model | batch | device | data | result | step median s | samples/s | CPU % | GPU % | "
-             "energy/step J | peak memory MiB |", "|" + "---|" * 12]
+             "energy/step J | peak memory MiB | memory plan |", "|" + "---|" * 13]
     for j in jobs:
         result = "ok" if j.get("success") else f"**{(j.get('failure') or {}).get('kind', 'failed')}**"
         mem = _get(j, "mem_peak_bytes")
@@ -281,7 +290,8 @@ def readme(jobs: List[Dict[str, Any]], figures: List[str]) -> str:
             f"| {j['_dir']}", str(j.get("model")), str(j.get("batch_size")), str(j.get("device")), str(j.get("data")),
             result, cell(_get(j, "step_time_s", "median"), ".4f"), cell(_get(j, "throughput_samples_per_s"), ".2f"),
             cell(_get(j, "cpu_util_pct", "mean"), ".1f"), cell(_get(j, "gpu_util_pct", "mean"), ".1f"),
-            cell(_get(j, "energy_j", "per_step_mean"), ".3f"), cell(mem / 2**20 if mem else None, ".1f")]) + " |")
+            cell(_get(j, "energy_j", "per_step_mean"), ".3f"), cell(mem / 2**20 if mem else None, ".1f"),
+            plan_cell(j)]) + " |")
     unbatched = [j["_dir"] for j in jobs if not _has_batch(j)]
     if unbatched:
         lines += ["", f"Without a batch size (`mtbench-sample` runs), in this table and the power figure only, not "

@@ -28,6 +28,7 @@ from mtbench.data import DataSource
 from mtbench.errors import UsageError
 from mtbench.memory import budget
 from mtbench.memory.breakdown import breakdown_bytes, fragmentation_bytes
+from mtbench.memory.plan_run import Planner
 from mtbench.sampling import Sampler, SensorUnavailable, open_sensors, windows
 from mtbench.sampling.process import ProcessSampler, SamplerError
 from mtbench.workload import SetupContext, Workload
@@ -76,6 +77,8 @@ class Job:
 
     def __init__(self, cfg: DictConfig, out_dir: Path, notify: Optional[Callable[[str, Any], None]] = None) -> None:
         self.cfg = cfg
+        # memory.* (checked here); sets the CUDA allocator's expandable_segments before CUDA starts in this process
+        self.planner = Planner(cfg)
         # tells a parent process what it needs to write this job's summary should the job's process die
         self.notify = notify or (lambda kind, payload: None)
         self.out_dir = Path(out_dir)
@@ -106,6 +109,8 @@ class Job:
         # the board whose memory budget the job must fit (target=none: no budget)
         self.target = budget.target_from_cfg(cfg)
         self.budget: Dict[str, Any] = {"budget_bytes": self.target.memory_budget_bytes, "budget_enforced_by": None}
+        self.target = self.planner.held_target(self.target)  # memory.budget_gb replaces the target's budget
+        self.budget["budget_bytes"] = self.target.memory_budget_bytes
         self.runtime_bytes: Optional[int] = None  # resident memory before the model was built (CPU)
         self.breakdown: Optional[Dict[str, Any]] = None
         self.extra: Optional[Dict[str, Any]] = None  # the workload's extra_metrics over the measured steps
@@ -140,6 +145,8 @@ class Job:
         # cuDNN tries every convolution algorithm on each new shape and keeps the fastest (TensorFlow, which the
         # paper used, does so by default); the warm-up steps absorb the trials
         torch.backends.cudnn.benchmark = self.cudnn_benchmark
+        # memory.*: before the runtime's memory is read (auto's predictor leaves imports and caches behind)
+        self.planner.before_build(self.device)
         # before anything of the model exists: what the runtime holds (CPU), and the allocator's cap (CUDA)
         self.runtime_bytes = memory.current_rss_bytes() if self.device.type == "cpu" else None
         self.budget = budget.apply_budget(self.target, self.device)
@@ -155,6 +162,8 @@ class Job:
             batches=min(MAX_PREPARED_BATCHES, spec.warmup + spec.steps),
         )
         self.workload.setup(ctx)
+        # memory.plan: fixed, or (auto) the fastest predicted or probed plan that fits the budget
+        self.planner.start(self.workload, is_oom, self.runtime_bytes)
         self.parameters = self.workload.parameter_count()
         peak = memory.PeakMemory(self.device)
         assert self.sampler is not None
@@ -185,6 +194,7 @@ class Job:
 
     def _timed_step(self, index: int, warmup: bool) -> float:
         assert self.workload is not None and self.sampler is not None
+        self.planner.before_step(index)  # a new budget in memory.budget_file: re-plan before this step, untimed
         _sync(self.device)
         start = time.monotonic()
         self.workload.step()
@@ -232,6 +242,7 @@ class Job:
             **self.budget,
             "parameters": self.parameters,
             "cudnn_benchmark": self.cudnn_benchmark,
+            "memory_plan": self.planner.summary(self.mem),
             "sampler": {**(self.sampler.stats() if self.sampler else {}), "sensors": self.sensor_status},
             "env": env.describe(self.device, root=str(self.cfg.sampler.get("sysfs_root", "/"))),
             "config": OmegaConf.to_container(self.cfg, resolve=True),
@@ -671,6 +682,7 @@ def _write(job: Job, samples) -> None:
             log.warning("profile attribution failed", exc_info=True)
     if samples is not None and job.sampler is not None:
         header, rows = windows.step_rows(job.sampler.marks, samples, job.interval_ms)
+        header, rows = header + ["plan"], [row + [job.planner.labels.get(row[0])] for row in rows]
         results.write_steps(job.out_dir, header, rows)
         results.write_samples(job.out_dir, samples)
     results.write_summary(job.out_dir, summary)

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass
-from typing import Any, Dict, List
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
 from mtbench.data import DataSource
+from mtbench.errors import UsageError
+from mtbench.memory import plan as plans
 
 
 @dataclass
@@ -25,7 +27,15 @@ class SetupContext:
 
 
 class Workload(abc.ABC):
-    """One trainable benchmark. Subclasses set up in `setup` and train in `step`."""
+    """One trainable benchmark. Subclasses set up in `setup` and train in `step`.
+
+    Memory plans (memory.plan): a workload whose network is a chain of blocks offers them once in `blocks()` and
+    runs that network through `planned_forward`; one whose loss is a mean over the samples of its batch computes
+    it through `planned_backward` and sets MICROBATCH. The runner sets `memory_plan` between steps.
+    """
+
+    memory_plan: plans.MemoryPlan = plans.NONE  # how the next step runs (recompute, micro-batches)
+    MICROBATCH = False  # True: `step` computes its gradients through `planned_backward`
 
     @abc.abstractmethod
     def setup(self, ctx: SetupContext) -> None:
@@ -38,6 +48,49 @@ class Workload(abc.ABC):
     @abc.abstractmethod
     def modules(self) -> List[torch.nn.Module]:
         """The trained networks (for parameter counts)."""
+
+    def blocks(self) -> Optional[List[torch.nn.Module]]:
+        """The trained network as a sequence of blocks (x -> b_n(...b_1(x))) for recomputation; None: not segmented."""
+        return None
+
+    def set_memory_plan(self, plan: plans.MemoryPlan) -> None:
+        """Run the following steps under `plan`; a plan this workload cannot run is a UsageError."""
+        if plan.segments and not self.blocks():
+            raise UsageError(f"memory.plan=recompute: {type(self).__name__} offers no sequential blocks to "
+                             "recompute; allowed: memory.plan=none" + (" or microbatch" if self.MICROBATCH else ""))
+        if plan.microbatch > 1 and not self.MICROBATCH:
+            raise UsageError(f"memory.plan=microbatch: {type(self).__name__} does not accumulate micro-batches; "
+                             "allowed: memory.plan=none" + (" or recompute" if self.blocks() else ""))
+        self.memory_plan = plan
+
+    def planned_forward(self, net: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+        """net(x), or its blocks in checkpointed segments under a recompute plan."""
+        segments = self.memory_plan.segments
+        blocks = self.blocks() if segments else None
+        if not blocks:
+            return net(x)
+        return plans.forward_segments(blocks, self.segment_runs(segments, x), x)
+
+    def segment_runs(self, segments: int, x: torch.Tensor) -> List[Tuple[int, int]]:
+        """The runs of blocks that make `segments` checkpointed segments, from a profile of what each block saves
+        (one forward of two samples of `x`, on the first call: BatchNorm needs two at 1x1)."""
+        blocks = self.blocks() or []
+        profile = getattr(self, "_block_profile", None)
+        if profile is None:
+            profile = self._block_profile = plans.profile_blocks(blocks, x[:2].detach())
+        cache = self.__dict__.setdefault("_segment_runs", {})
+        if segments not in cache:
+            cache[segments] = plans.partition(profile, segments)
+        return cache[segments]
+
+    def planned_backward(self, loss_of: Callable[..., torch.Tensor], *batch: Any, batch_dim: int = 0) -> torch.Tensor:
+        """loss_of(*batch).backward(), in micro-batches under a micro-batch plan (gradients accumulated; the caller
+        then makes one optimizer update). loss_of must return the mean loss over the samples it is given."""
+        if self.memory_plan.microbatch <= 1:
+            loss = loss_of(*batch)
+            loss.backward()
+            return loss.detach()
+        return plans.accumulate_backward(loss_of, batch, self.memory_plan.microbatch, batch_dim)
 
     def parameter_count(self) -> int:
         return sum(p.numel() for m in self.modules() for p in m.parameters())

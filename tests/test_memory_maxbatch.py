@@ -96,3 +96,25 @@ def test_a_real_probe_in_its_own_process(tmp_path):
     assert summary["batch_size"] == 2 and summary["measured_steps"] == 1 and summary["warmup_steps"] == 1
     p = maxbatch.probe_in_subprocess(overrides + ["target.memory_budget_bytes=1000000"], 2, tmp_path / "b2small")
     assert not p.fits and p.kind == "budget" and "exceeds target nano's budget" in p.message
+
+
+def test_a_memory_plan_is_searched_beside_plain_training(tmp_path, capsys):
+    """memory.plan=auto: each model's largest batch with memory.plan=none and with auto, and their ratio."""
+    capacity = {"memory.plan=none": 16, "memory.plan=auto": 70}
+    seen = []
+
+    def prober(overrides, batch, out_dir: Path) -> Probe:
+        seen.append(overrides[-1])
+        probe = fake_board(capacity[overrides[-1]])(batch)
+        probe.plan = "recompute/auto+microbatch/2" if overrides[-1].endswith("auto") else "none"
+        return probe
+
+    code = maxbatch.main(["model=resnet50", "memory.budget_gb=1", "memory.plan=auto", "device=cpu",
+                          "--out", str(tmp_path)], prober=prober)
+    assert code == 0
+    doc = json.loads((tmp_path / "maxbatch.json").read_text())
+    assert [(m["plan"], m["max_batch"]) for m in doc["models"]][0] == ("none", 16)
+    assert doc["models"][1]["plan"] == "auto" and 66 <= doc["models"][1]["max_batch"] <= 70
+    assert doc["budget_bytes"] == 2**30 and set(seen) == set(capacity)
+    out = capsys.readouterr().out
+    assert "auto" in out and "x none" in out

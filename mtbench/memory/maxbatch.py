@@ -29,11 +29,13 @@ class Probe:
     message: Optional[str]
     peak_bytes: Optional[int]
     seconds: float
+    plan: Optional[str] = None  # the memory plan the probe ran under (memory_plan.label; auto's choice)
 
 
 @dataclass
 class Search:
     model: str
+    plan: str = "none"  # memory.plan of every probe
     max_batch: int = 0  # 0: not even the first batch fits
     first_failing_batch: Optional[int] = None  # the smallest probed batch that did not fit (None: limit reached)
     limit_reached: bool = False
@@ -92,7 +94,7 @@ def _probe_from_summary(batch: int, summary: Optional[Dict[str, Any]], seconds: 
         return Probe(batch, False, "killed", why_missing, None, seconds)
     failure = summary.get("failure") or {}
     return Probe(batch, bool(summary.get("success")), failure.get("kind"), failure.get("message"),
-                 summary.get("mem_peak_bytes"), seconds)
+                 summary.get("mem_peak_bytes"), seconds, (summary.get("memory_plan") or {}).get("label"))
 
 
 def probe_in_subprocess(overrides: List[str], batch: int, out_dir: Path) -> Probe:
@@ -176,7 +178,12 @@ def main(argv: Optional[List[str]] = None, prober: Optional[Callable[[List[str],
         models = _models(args.overrides, args.multirun)
         fixed = [o for o in args.overrides if not o.startswith("model=")]
         target = next((o.split("=", 1)[1] for o in fixed if o.startswith("target=")), "none")
-        if target == "none":
+        # memory.plan=X (not none): each model is searched with memory.plan=none and with X, side by side
+        plan = next((o.split("=", 1)[1] for o in fixed if o.startswith("memory.plan=")), "none")
+        fixed = [o for o in fixed if not o.startswith("memory.plan=")]
+        plans = ["none"] if plan == "none" else ["none", plan]
+        if target == "none" and not any(o.startswith(("memory.budget_gb=", "target.memory_budget_bytes="))
+                                        for o in fixed):
             raise UsageError("maxbatch needs a target with a budget; allowed: target=tx2, nano, xavier_nx, "
                              "agx_xavier, orin_nano, orin_nx, agx_orin (or a GPU's own memory: target=none is "
                              "not searched)")
@@ -184,16 +191,20 @@ def main(argv: Optional[List[str]] = None, prober: Optional[Callable[[List[str],
         prober = prober or default_prober()
         results = []
         for model in models:
-            print(f"maxbatch: {model} with {' '.join(fixed)}", flush=True)
-            overrides = [f"model={model}", *fixed]
+            for plan in plans:
+                print(f"maxbatch: {model} with {' '.join(fixed + [f'memory.plan={plan}'])}", flush=True)
+                overrides = [f"model={model}", *fixed] + ([f"memory.plan={plan}"] if len(plans) > 1 else [])
+                folder = out / model / plan if len(plans) > 1 else out / model
 
-            def fits_at(batch: int, overrides: List[str] = overrides, model: str = model) -> Probe:
-                p = prober(overrides, batch, out / model / f"b{batch}")
-                verdict = "fits" if p.fits else f"does not fit ({p.kind})"
-                print(f"    batch {batch}: {verdict}, {p.seconds:.0f} s", flush=True)
-                return p
+                def fits_at(batch: int, overrides: List[str] = overrides, folder: Path = folder) -> Probe:
+                    p = prober(overrides, batch, folder / f"b{batch}")
+                    verdict = "fits" if p.fits else f"does not fit ({p.kind})"
+                    print(f"    batch {batch}: {verdict}{f' under {p.plan}' if p.plan else ''}, {p.seconds:.0f} s",
+                          flush=True)
+                    return p
 
-            results.append(search(fits_at, args.start, args.limit, args.tolerance, model=model))
+                results.append(search(fits_at, args.start, args.limit, args.tolerance, model=model))
+                results[-1].plan = plan
     except UsageError as exc:
         print(f"mtbench: error: {exc}", file=sys.stderr)
         return 2
@@ -210,7 +221,7 @@ def write(out: Path, results: List[Search], fixed: List[str], target: str, args:
     doc = {
         "schema": SCHEMA,
         "target": target,
-        "budget_bytes": load_target(target).memory_budget_bytes,
+        "budget_bytes": _budget_bytes(target, fixed),
         "overrides": fixed,
         "start": args.start, "limit": args.limit, "tolerance": args.tolerance,
         "models": [asdict(r) for r in results],
@@ -220,20 +231,39 @@ def write(out: Path, results: List[Search], fixed: List[str], target: str, args:
     tmp.replace(out / "maxbatch.json")
 
 
+def _budget_bytes(target: str, fixed: List[str]) -> Optional[int]:
+    """The budget the probes were held to: memory.budget_gb, target.memory_budget_bytes=N, or the target's."""
+    from mtbench.memory.targets import load_target
+
+    for o in reversed(fixed):
+        key, _, value = o.partition("=")
+        if key == "memory.budget_gb":
+            return int(float(value) * 2**30)
+        if key == "target.memory_budget_bytes":
+            return int(float(value))
+    return load_target(target).memory_budget_bytes
+
+
 def print_table(results: List[Search], target: str) -> None:
     from rich.table import Table
 
     from mtbench.console import console, fmt_bytes
 
     table = Table(title=f"largest batch that trains within target {target}'s budget")
-    for h in ("model", "max batch", "does not fit at", "peak at max", "probes", "time"):
-        table.add_column(h, justify="left" if h == "model" else "right")
+    for h in ("model", "memory.plan", "max batch", "x none", "plan at max", "does not fit at", "peak at max", "probes",
+              "time"):
+        table.add_column(h, justify="left" if h in ("model", "memory.plan", "plan at max") else "right")
+    plain = {r.model: r.max_batch for r in results if r.plan == "none"}
     for r in results:
         at_max = r.probe_at(r.max_batch)
         failing = r.probe_at(r.first_failing_batch) if r.first_failing_batch else None
+        ratio = r.max_batch / plain[r.model] if plain.get(r.model) and r.max_batch else None
         table.add_row(
             r.model,
+            r.plan,
             ("error" if r.error and not r.max_batch else f">= {r.max_batch}" if r.limit_reached else str(r.max_batch)),
+            f"{ratio:.2f}x" if ratio is not None else "n/a",
+            (at_max.plan or "n/a") if at_max else "n/a",
             f"{r.first_failing_batch} ({failing.kind})" if failing else ("n/a" if not r.error else r.error[:40]),
             fmt_bytes(at_max.peak_bytes) if at_max else "n/a",
             str(len(r.probes)),

@@ -1,0 +1,185 @@
+"""Training beyond memory, measured side by side: the largest batch within a budget with memory.plan=none, recompute
+and auto, and the throughput at each of those batches relative to none at its own largest batch.
+
+Per model, the budget is set so that plain training's largest batch is about 16 (issue 11: "target=nano, or a
+budget that makes the plain max batch about 16"): two plain probes (batch 8 and 16) give the peak per sample, and
+the budget is the batch-16 peak plus two samples' worth. On a CPU the budget holds the job's resident peak less
+what the process held before the model was built (mtbench's CPU budget rule). Each probe is a real short job
+(warmup=1 steps=1) in its own process, as `mtbench maxbatch` runs them.
+
+    python benchmarks/memory_plans.py [models=resnet50,vgg16,mobilenetv2,inceptionv1,squeezenet] [select=auto]
+                                      [image_size=16] [out=DIR]
+
+image_size: the CNNs' input size (VGG keeps 32: its five pools need it); 16 keeps a CPU run near 15 minutes.
+Goals: recompute >= 2x the plain largest batch on at least 4 of 5 models with throughput >= 0.7x; auto >= 4.33x on
+every model with throughput >= 0.7x. auto is probed first at ceil(4.33 x plain) (the goal); only when that does not
+fit is its largest batch searched below it, so "auto >= Nx" means the goal batch fitted (its true largest batch
+may be larger).
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+from hydra import compose, initialize_config_dir
+
+from mtbench.config import conf_dir
+from mtbench.memory.maxbatch import DOES_NOT_FIT, Probe, search
+from mtbench.runner import run_isolated
+
+MODELS = ["resnet50", "vgg16", "mobilenetv2", "inceptionv1", "squeezenet"]
+NEEDS_32 = {"vgg16", "vgg19"}  # five 2x2 pools: a 16x16 image would shrink to nothing
+GOALS = {"recompute": 2.0, "auto": 4.33}
+
+
+class Prober:
+    """Runs probe jobs and keeps their summaries (the throughput at a batch comes from its probe)."""
+
+    def __init__(self, out: Path) -> None:
+        self.out = out
+        self.summaries: Dict[tuple, Dict[str, Any]] = {}
+        self.jobs = 0
+
+    def run(self, overrides: List[str], batch: int, name: str) -> Dict[str, Any]:
+        with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
+            cfg = compose(config_name="config", overrides=[*overrides, f"batch={batch}", "warmup=1", "steps=1"])
+        self.jobs += 1
+        summary = run_isolated(cfg, self.out / name / f"b{batch}")
+        self.summaries[(name, batch)] = summary
+        return summary
+
+    def fits(self, overrides: List[str], name: str):
+        def fits_at(batch: int) -> Probe:
+            began = time.monotonic()
+            s = self.run(overrides, batch, name)
+            failure = s.get("failure") or {}
+            plan = (s.get("memory_plan") or {}).get("label")
+            p = Probe(batch, bool(s.get("success")), failure.get("kind"), failure.get("message"),
+                      compared_bytes(s), time.monotonic() - began, plan)
+            print(f"    {name} batch {batch}: {'fits' if p.fits else p.kind} under {plan}, "
+                  f"{_mib(p.peak_bytes)} MiB, {p.seconds:.0f} s", flush=True)
+            return p
+
+        return fits_at
+
+
+def compared_bytes(summary: Dict[str, Any]) -> Optional[int]:
+    """What the CPU budget holds: the resident peak less the memory held before the model was built."""
+    peak, runtime = summary.get("mem_peak_bytes"), summary.get("mem_runtime_bytes")
+    if peak is None:
+        return None
+    return int(peak) - int(runtime or 0)
+
+
+def _mib(n: Optional[int]) -> str:
+    return "n/a" if n is None else f"{n / 2**20:.0f}"
+
+
+def throughput(prober: Prober, name: str, batch: int) -> Optional[float]:
+    s = prober.summaries.get((name, batch)) or {}
+    return s.get("throughput_samples_per_s") if s.get("success") else None
+
+
+def bench_model(model: str, prober: Prober, select: str, image_size: int) -> Dict[str, Any]:
+    size = 32 if model in NEEDS_32 else image_size
+    base = [f"model={model}", "device=cpu", f"data.image_size={size}"]
+    began = time.monotonic()
+    # the budget: plain training's peak at 16 plus two samples (per-sample slope from batch 8 to 16)
+    p8, p16 = (compared_bytes(prober.run(base, b, f"{model}/calibrate")) for b in (8, 16))
+    if p8 is None or p16 is None:
+        return {"model": model, "error": "the calibration probes failed"}
+    budget = int(p16 + 2 * max(0, p16 - p8) / 8)
+    held = [*base, f"memory.budget_gb={budget / 2**30!r}"]
+    row: Dict[str, Any] = {"model": model, "image_size": size, "budget_bytes": budget}
+    plain = search(prober.fits([*held, "memory.plan=none"], f"{model}/none"), start=16, limit=64, tolerance=0.3)
+    n0 = plain.max_batch
+    row["none"] = {"max_batch": n0, "throughput": throughput(prober, f"{model}/none", n0), "error": plain.error}
+    if not n0:
+        return row
+    rec = search(prober.fits([*held, "memory.plan=recompute"], f"{model}/recompute"), start=n0, limit=4 * n0,
+                 tolerance=0.3)
+    row["recompute"] = {"max_batch": rec.max_batch, "limit_reached": rec.limit_reached,
+                        "throughput": throughput(prober, f"{model}/recompute", rec.max_batch), "error": rec.error,
+                        "plan": (rec.probe_at(rec.max_batch).plan if rec.probe_at(rec.max_batch) else None)}
+    goal = math.ceil(GOALS["auto"] * n0)
+    auto_over = [*held, "memory.plan=auto", f"memory.select={select}"]
+    fits = prober.fits(auto_over, f"{model}/auto")
+    first = fits(goal)
+    if first.fits:
+        auto = {"max_batch": goal, "limit_reached": True, "plan": first.plan}
+    elif first.kind in DOES_NOT_FIT:
+        below = search(fits, start=n0, limit=goal - 1, tolerance=0.3)
+        at = below.probe_at(below.max_batch)
+        auto = {"max_batch": below.max_batch, "limit_reached": False, "plan": at.plan if at else None,
+                "error": below.error}
+    else:
+        auto = {"max_batch": 0, "limit_reached": False, "plan": None, "error": f"{first.kind}: {first.message}"}
+    auto["throughput"] = throughput(prober, f"{model}/auto", auto["max_batch"])
+    at_goal = prober.summaries.get((f"{model}/auto", auto["max_batch"])) or {}
+    auto["chosen_because"] = (at_goal.get("memory_plan") or {}).get("chosen_because")
+    row["auto"] = auto
+    row["seconds"] = time.monotonic() - began
+    return row
+
+
+def ratio(a: Optional[float], b: Optional[float]) -> Optional[float]:
+    return a / b if a is not None and b else None
+
+
+def print_table(rows: List[Dict[str, Any]]) -> None:
+    def f(v: Optional[float], spec: str = ".2f") -> str:
+        return "n/a" if v is None else format(v, spec)
+
+    print("\n| model | image | budget MiB | none: max batch | samples/s | recompute: max batch | x none | "
+          "throughput x none | auto: max batch | x none | throughput x none | auto's plan at its max |")
+    print("|" + "---|" * 12)
+    met = {"recompute": 0, "auto": 0}
+    for r in rows:
+        if "none" not in r or not r["none"]["max_batch"]:
+            print(f"| {r['model']} | error: {r.get('error') or r.get('none')} |")
+            continue
+        n0, t0 = r["none"]["max_batch"], r["none"]["throughput"]
+        cells = [r["model"], f"{r['image_size']}", _mib(r["budget_bytes"]), str(n0), f(t0)]
+        for plan in ("recompute", "auto"):
+            p = r.get(plan) or {}
+            x = ratio(p.get("max_batch"), n0)
+            tx = ratio(p.get("throughput"), t0)
+            mark = ">= " if p.get("limit_reached") else ""
+            cells += [f"{mark}{p.get('max_batch')}", f"{mark}{f(x)}x", f(tx)]
+            if x is not None and tx is not None and x >= GOALS[plan] and tx >= 0.7:
+                met[plan] += 1
+        cells.append(str((r.get("auto") or {}).get("plan")))
+        print("| " + " | ".join(cells) + " |")
+    print(f"\ngoals met: recompute >= 2x with >= 0.7x throughput on {met['recompute']} of {len(rows)} (goal: 4 of 5); "
+          f"auto >= 4.33x with >= 0.7x throughput on {met['auto']} of {len(rows)} (goal: every model)")
+
+
+def main(argv: List[str]) -> None:
+    opts = {"models": ",".join(MODELS), "select": "auto", "image_size": "16", "out": ""}
+    for a in argv:
+        key, _, value = a.partition("=")
+        if key not in opts:
+            sys.exit(f"memory_plans.py: error: {key!r} is not known; allowed: {', '.join(opts)}")
+        opts[key] = value
+    out = Path(opts["out"] or tempfile.mkdtemp(prefix="mtbench-memory-plans-"))
+    prober = Prober(out)
+    began = time.monotonic()
+    print(f"load average before: {os.getloadavg()}; probes in {out}", flush=True)
+    rows = []
+    for model in opts["models"].split(","):
+        print(f"{model}:", flush=True)
+        rows.append(bench_model(model, prober, opts["select"], int(opts["image_size"])))
+        (out / "memory_plans.json").write_text(json.dumps(rows, indent=2) + "\n")
+    print_table(rows)
+    print(f"\n{prober.jobs} probe jobs in {time.monotonic() - began:.0f} s; load average after: {os.getloadavg()}; "
+          f"results in {out / 'memory_plans.json'}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

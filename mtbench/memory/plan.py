@@ -1,0 +1,249 @@
+"""Memory plans: recomputed activations (checkpointed runs of a workload's blocks), micro-batches (accumulated gradients)."""
+from __future__ import annotations
+
+import contextlib
+import inspect
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from mtbench.errors import UsageError
+
+PLANS = ("none", "recompute", "microbatch", "auto")  # memory.plan
+# torch >= 2.1: checkpoint(context_fn=...) lets the recomputation run without updating BatchNorm's running statistics
+CONTEXT_FN = "context_fn" in inspect.signature(checkpoint).parameters
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """How one training step runs: `segments` checkpointed segments over the blocks (0: keep every activation) and
+    `microbatch` micro-batches per step (1: the whole batch at once), both at once when both are set."""
+
+    segments: int = 0  # checkpointed segments (recomputation); 0: none; AUTO_SEGMENTS: the fewest-bytes partition
+    microbatch: int = 1  # micro-batches per step; gradients accumulated, one optimizer update
+
+    @property
+    def name(self) -> str:
+        parts = (["recompute"] if self.segments else []) + (["microbatch"] if self.microbatch > 1 else [])
+        return "+".join(parts) or "none"
+
+    @property
+    def label(self) -> str:
+        """Short form for steps.csv and tables: none, recompute/4, microbatch/2, recompute/4+microbatch/2."""
+        seg = "auto" if self.segments == AUTO_SEGMENTS else self.segments
+        parts = ([f"recompute/{seg}"] if self.segments else []) + (
+            [f"microbatch/{self.microbatch}"] if self.microbatch > 1 else [])
+        return "+".join(parts) or "none"
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {"plan": self.name, "segments": self.segments, "microbatch": self.microbatch, "label": self.label}
+
+
+NONE = MemoryPlan()
+AUTO_SEGMENTS = -1  # memory.recompute=auto: the partition whose estimated activation memory is least
+
+
+@dataclass(frozen=True)
+class PlanSettings:
+    """The `memory:` node of conf/config.yaml, checked."""
+
+    plan: str  # none | recompute | microbatch | auto
+    microbatch: int  # micro-batches per step for plan=microbatch (auto chooses its own)
+    recompute: int  # segments for plan=recompute; AUTO_SEGMENTS: the partition with the least estimated memory
+    budget_bytes: Optional[int]  # memory.budget_gb in bytes (None: the target's budget)
+    budget_file: Optional[str]  # a file the run watches for a new budget
+    expandable_segments: bool  # the CUDA caching allocator's expandable_segments setting
+
+
+def settings_from_cfg(cfg: Any) -> PlanSettings:
+    """The job config's `memory:` node (absent: no plan); a bad value is a UsageError naming what is allowed."""
+    node = cfg.get("memory") if hasattr(cfg, "get") else None
+    node = node if node is not None else {}
+    get = node.get if hasattr(node, "get") else (lambda k, d=None: d)
+    plan = str(get("plan", "none"))
+    if plan not in PLANS:
+        raise UsageError(f"memory.plan={plan!r} is not known; allowed: {', '.join(PLANS)}")
+    micro = get("microbatch", 2)
+    if isinstance(micro, bool) or not isinstance(micro, int) or micro < 1:
+        raise UsageError(f"memory.microbatch={micro!r} is not allowed; allowed: a whole number >= 1")
+    rec = get("recompute", "auto")
+    if rec == "auto":
+        segments = AUTO_SEGMENTS
+    elif isinstance(rec, int) and not isinstance(rec, bool) and rec >= 1:
+        segments = rec
+    else:
+        raise UsageError(f"memory.recompute={rec!r} is not allowed; allowed: auto or a whole number of segments >= 1")
+    gb = get("budget_gb", None)
+    if gb is not None and (isinstance(gb, bool) or not isinstance(gb, (int, float)) or not gb > 0):
+        raise UsageError(f"memory.budget_gb={gb!r} is not allowed; allowed: null or a number of GiB > 0")
+    expandable = get("expandable_segments", False)
+    if not isinstance(expandable, bool):
+        raise UsageError(f"memory.expandable_segments={expandable!r} is not known; allowed: true, false")
+    budget_file = get("budget_file", None)
+    return PlanSettings(plan=plan, microbatch=int(micro), recompute=segments,
+                        budget_bytes=None if gb is None else int(float(gb) * 2**30),
+                        budget_file=None if budget_file is None else str(budget_file),
+                        expandable_segments=expandable)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Running a planned step. Workload.planned_forward / planned_backward call these; no model repeats them.
+
+class _KeepRunningStats:
+    """While a segment is recomputed in the backward pass, BatchNorm must not update its running statistics a
+    second time (the forward already did): they are copied before the recomputation and put back after it. (The
+    recomputation must save the same tensors as the forward, so BatchNorm still gets its running buffers.)"""
+
+    def __init__(self, modules: Sequence[nn.Module]) -> None:
+        self.norms = [m for block in modules for m in block.modules()
+                      if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats]
+        self.saved: List[List[torch.Tensor]] = []
+
+    def __enter__(self) -> None:
+        self.saved = [[b.clone() for b in self._buffers(m)] for m in self.norms]
+
+    def __exit__(self, *exc: Any) -> None:
+        with torch.no_grad():
+            for m, saved in zip(self.norms, self.saved):
+                for buf, old in zip(self._buffers(m), saved):
+                    buf.copy_(old)
+        self.saved = []
+
+    @staticmethod
+    def _buffers(m: nn.Module) -> List[torch.Tensor]:
+        return [b for b in (m.running_mean, m.running_var, m.num_batches_tracked) if b is not None]
+
+
+def _segment_fn(blocks: Sequence[nn.Module]) -> Callable[[torch.Tensor], torch.Tensor]:
+    def run(x: torch.Tensor) -> torch.Tensor:
+        for block in blocks:
+            x = block(x)
+        return x
+
+    return run
+
+
+@dataclass(frozen=True)
+class BlockProfile:
+    """Bytes per sample of each block's input and of what it saves for the backward pass (parameters excluded)."""
+
+    input_bytes: List[int]
+    saved_bytes: List[int]
+
+
+def profile_blocks(blocks: Sequence[nn.Module], x: torch.Tensor) -> BlockProfile:
+    """One forward of a small batch `x` through the blocks, counting what each saves for backward (saved-tensor
+    hooks; works on fake tensors too). Running statistics and the RNG are left as they were; no backward runs."""
+    samples = max(1, x.shape[0])
+    inputs: List[int] = []
+    saved: List[int] = []
+    counted = [0]
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        if not isinstance(t, nn.Parameter):
+            counted[0] += t.numel() * t.element_size()
+        return t
+
+    devices = [x.device.index or 0] if x.device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices), _KeepRunningStats(blocks), torch.enable_grad():
+        for block in blocks:
+            inputs.append(x.numel() * x.element_size() // samples)
+            counted[0] = 0
+            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                x = block(x)
+            saved.append(counted[0] // samples)
+    return BlockProfile(inputs, saved)
+
+
+def _partition_under(saved: Sequence[int], limit: int) -> List[Tuple[int, int]]:
+    """Greedy runs of blocks each saving at most `limit` bytes (a block over the limit stays alone)."""
+    runs, start, total = [], 0, 0
+    for i, b in enumerate(saved):
+        if total and total + b > limit:
+            runs.append((start, i))
+            start, total = i, 0
+        total += b
+    runs.append((start, len(saved)))
+    return runs
+
+
+def estimate_bytes(profile: BlockProfile, runs: Sequence[Tuple[int, int]]) -> int:
+    """Activation bytes per sample with every run checkpointed: the runs' inputs are kept through the step, and the
+    backward recomputes one run at a time (the first run's input is the batch, held anyway)."""
+    kept = sum(profile.input_bytes[start] for start, _ in runs[1:])
+    return kept + max(sum(profile.saved_bytes[a:b]) for a, b in runs)
+
+
+def partition(profile: BlockProfile, segments: int) -> List[Tuple[int, int]]:
+    """[start, end) runs of blocks: `segments` runs balanced by saved bytes, or (AUTO_SEGMENTS) the partition with
+    the least estimated activation memory over every balance limit."""
+    saved = profile.saved_bytes
+    n = len(saved)
+    limits = sorted({sum(saved[a:b]) for a in range(n) for b in range(a + 1, n + 1)})
+    options = [_partition_under(saved, limit) for limit in limits]
+    if segments == AUTO_SEGMENTS:
+        return min(options, key=lambda runs: (estimate_bytes(profile, runs), len(runs)))
+    # the smallest limit that makes at most `segments` runs: runs as even as the blocks allow
+    for runs in options:
+        if len(runs) <= segments:
+            return runs
+    return options[-1]
+
+
+def forward_segments(blocks: Sequence[nn.Module], runs: Sequence[Tuple[int, int]], x: torch.Tensor) -> torch.Tensor:
+    """x through the blocks, each run of blocks a non-reentrant checkpoint: its activations are dropped after the
+    forward and recomputed from its input in the backward pass (Chen et al. 2016; torch.utils.checkpoint).
+    BatchNorm's running statistics are updated once per step (torch >= 2.1; see CONTEXT_FN)."""
+    if not torch.is_grad_enabled():
+        return _segment_fn(blocks)(x)
+    for start, end in runs:
+        part = list(blocks[start:end])
+        kwargs: Dict[str, Any] = {"use_reentrant": False}
+        if CONTEXT_FN:
+            kwargs["context_fn"] = lambda part=part: (contextlib.nullcontext(), _KeepRunningStats(part))
+        x = checkpoint(_segment_fn(part), x, **kwargs)
+    return x
+
+
+def microbatch_slices(batch: int, microbatch: int) -> List[slice]:
+    """`microbatch` nearly equal slices of [0, batch) (fewer when the batch is smaller: no empty micro-batch)."""
+    n = max(1, min(microbatch, batch))
+    bounds = [round(i * batch / n) for i in range(n + 1)]
+    return [slice(bounds[i], bounds[i + 1]) for i in range(n)]
+
+
+def accumulate_backward(loss_of: Callable[..., torch.Tensor], tensors: Sequence[Any], microbatch: int,
+                        batch_dim: int = 0) -> torch.Tensor:
+    """Forward and backward of one batch in micro-batches: each micro-batch's mean loss is weighted by its share
+    of the batch (1/N for equal parts), so the accumulated gradients are those of the batch's mean loss. Tensors
+    are split along `batch_dim`; anything else is passed to every micro-batch as it is. Returns the batch's loss
+    (detached)."""
+    sizes = {t.shape[batch_dim] for t in tensors if isinstance(t, torch.Tensor)}
+    if len(sizes) != 1:
+        raise ValueError(f"micro-batching needs tensors of one batch size along dim {batch_dim}; got {sorted(sizes)}")
+    batch = sizes.pop()
+    total: Optional[torch.Tensor] = None
+    for part in microbatch_slices(batch, microbatch):
+        index = [slice(None)] * batch_dim + [part]
+        chunk = [t[tuple(index)] if isinstance(t, torch.Tensor) else t for t in tensors]
+        loss = loss_of(*chunk) * ((part.stop - part.start) / batch)
+        loss.backward()
+        total = loss.detach() if total is None else total + loss.detach()
+    assert total is not None
+    return total
+
+
+@contextlib.contextmanager
+def default_plan(plan: MemoryPlan) -> Iterator[None]:
+    """Every Workload made inside the block starts with `plan` (the predictor builds its own workloads)."""
+    from mtbench.workload import Workload
+
+    saved = Workload.memory_plan
+    Workload.memory_plan = plan
+    try:
+        yield
+    finally:
+        Workload.memory_plan = saved

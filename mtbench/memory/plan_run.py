@@ -1,0 +1,247 @@
+"""A job's memory plan: set before the first step, re-chosen between steps when the watched budget file changes."""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import torch
+
+from mtbench.errors import UsageError
+from mtbench.memory import plan_select
+from mtbench.memory.plan import NONE, MemoryPlan, PlanSettings, settings_from_cfg
+
+log = logging.getLogger("mtbench")
+
+SELECTORS = ("auto", "predictor", "probes")  # memory.select
+ALLOC_CONF = "PYTORCH_CUDA_ALLOC_CONF"
+
+
+def read_budget_file(path: Path) -> Optional[int]:
+    """The budget in a watched file: one number, in GiB (e.g. `1.5`), optionally followed by `GiB`; or a whole
+    number followed by `bytes`. None when the file is missing or empty; ValueError when it holds anything else."""
+    try:
+        text = path.read_text().strip()
+    except FileNotFoundError:
+        return None
+    if not text:
+        return None
+    words = text.split()
+    try:
+        if len(words) == 2 and words[1].lower() == "bytes":
+            value = int(words[0])
+        elif len(words) == 1 or (len(words) == 2 and words[1].lower() == "gib"):
+            value = int(float(words[0]) * 2**30)
+        else:
+            raise ValueError(text)
+    except ValueError:
+        raise ValueError(f"{path}: {text[:60]!r} is not a budget; allowed: a number of GiB (1.5), '1.5 GiB' or "
+                         "'1610612736 bytes'") from None
+    if value <= 0:
+        raise ValueError(f"{path}: a budget must be > 0, not {text[:60]!r}")
+    return value
+
+
+class BudgetFile:
+    """A file the run watches: a changed modification time or size means a new budget, read between steps."""
+
+    def __init__(self, path: str) -> None:
+        self.path = Path(path)
+        self.stamp: Optional[Tuple[int, int]] = None
+
+    def changed(self) -> bool:
+        try:
+            st = self.path.stat()
+            stamp: Optional[Tuple[int, int]] = (st.st_mtime_ns, st.st_size)
+        except FileNotFoundError:
+            stamp = None
+        if stamp == self.stamp:
+            return False
+        self.stamp = stamp
+        return stamp is not None
+
+
+class Planner:
+    """memory.plan of one job. `before_build` before the model exists, `start` once the workload is set up,
+    `before_step` before each step (outside its timed window), `summary` for summary.json."""
+
+    def __init__(self, cfg: Any) -> None:
+        self.cfg = cfg
+        self.settings: PlanSettings = settings_from_cfg(cfg)
+        node = cfg.get("memory") if hasattr(cfg, "get") else None
+        self.select = str(node.get("select", "auto")) if node is not None else "auto"
+        if self.select not in SELECTORS:
+            raise UsageError(f"memory.select={self.select!r} is not known; allowed: {', '.join(SELECTORS)}")
+        target_budget = None
+        target = cfg.get("target") if hasattr(cfg, "get") else None
+        if target is not None and target.get("memory_budget_bytes") is not None:
+            target_budget = int(target.get("memory_budget_bytes"))
+        self.budget_bytes: Optional[int] = self.settings.budget_bytes or target_budget
+        self.budget_source = ("memory.budget_gb" if self.settings.budget_bytes else
+                              f"target {target.get('name')}" if target_budget else None)
+        self.watch = BudgetFile(self.settings.budget_file) if self.settings.budget_file else None
+        if self.settings.plan == "auto" and self.budget_bytes is None and self.watch is None:
+            raise UsageError("memory.plan=auto needs a budget; allowed: target=<board> (e.g. target=nano), "
+                             "memory.budget_gb=<GiB> or memory.budget_file=<path>")
+        self.allocator = self._set_allocator_conf() if self.settings.expandable_segments else None
+        self.plan: MemoryPlan = NONE
+        self.choice: Optional[plan_select.Choice] = None
+        self.labels: Dict[int, str] = {}  # step index -> the plan it ran under
+        self.replans: List[Dict[str, Any]] = []
+        self.runtime_bytes: Optional[int] = None
+        self.workload: Any = None
+        self.device: Optional[torch.device] = None
+        self.is_oom: Callable[[BaseException], bool] = lambda exc: False
+
+    def held_target(self, target: Any) -> Any:
+        """The job's target with memory.budget_gb as its budget (the job is held to it as to a board's)."""
+        if self.settings.budget_bytes is None:
+            return target
+        return dataclasses.replace(target, memory_budget_bytes=self.settings.budget_bytes)
+
+    # -- before the model exists ------------------------------------------------------------------------------
+    def _set_allocator_conf(self) -> Dict[str, Any]:
+        """expandable_segments must be set before the CUDA caching allocator makes its first segment: through the
+        environment (read when CUDA starts in this process) and, where CUDA has started already, the allocator."""
+        conf = os.environ.get(ALLOC_CONF, "")
+        if "expandable_segments" not in conf:
+            os.environ[ALLOC_CONF] = ",".join(p for p in (conf, "expandable_segments:True") if p)
+        return {"requested": True, "set_through": ALLOC_CONF}
+
+    def before_build(self, device: torch.device) -> None:
+        """Before the model exists and before the runtime's memory is read: the allocator setting, the watched
+        budget, and (auto) the predictor's choice: its imports and caches stay in the process, so they must count
+        as runtime, not as the job's training memory."""
+        self.device = device
+        if self.allocator is not None and device.type == "cuda":
+            setter = getattr(torch.cuda.memory, "_set_allocator_settings", None)
+            if setter is not None:  # torch >= 2.1: applies to segments made from now on
+                setter("expandable_segments:True")
+                self.allocator["set_through"] += " and torch.cuda.memory._set_allocator_settings"
+        if self.watch is not None and self.watch.changed():
+            self.budget_bytes, self.budget_source = self._read_watched(), f"budget_file {self.watch.path}"
+        if self.settings.plan == "auto" and self.select != "probes" and self.budget_bytes is not None:
+            from mtbench.config import instantiate
+
+            with torch.device("meta"):  # what the workload can run, without allocating it
+                shell = instantiate(self.cfg.model.workload)
+            self.choice = self._choose(shell, probe=False)
+
+    def _read_watched(self) -> Optional[int]:
+        assert self.watch is not None
+        try:
+            return read_budget_file(self.watch.path) or self.budget_bytes
+        except (ValueError, OSError) as exc:
+            log.warning("memory.budget_file: %s; the budget stays %s bytes", exc, self.budget_bytes)
+            return self.budget_bytes
+
+    # -- once the workload is set up --------------------------------------------------------------------------
+    def start(self, workload: Any, is_oom: Callable[[BaseException], bool], runtime_bytes: Optional[int]) -> None:
+        """Once the workload is set up: the plan (auto: the predictor's choice, or probes of real steps)."""
+        self.workload, self.is_oom, self.runtime_bytes = workload, is_oom, runtime_bytes
+        s = self.settings
+        if s.plan == "none":
+            plan, self.choice = NONE, plan_select.Choice(NONE, "fixed", "memory.plan=none")
+        elif s.plan == "recompute":
+            plan = MemoryPlan(segments=s.recompute)
+            self.choice = plan_select.Choice(plan, "fixed", "memory.plan=recompute")
+        elif s.plan == "microbatch":
+            plan = MemoryPlan(microbatch=s.microbatch)
+            self.choice = plan_select.Choice(plan, "fixed", f"memory.plan=microbatch, memory.microbatch={s.microbatch}")
+        else:
+            if self.choice is None or self.choice.method == "probes-needed":
+                self.choice = self._choose(workload, probe=True, why=self.choice.chosen_because if self.choice else None)
+            plan = self.choice.plan
+        workload.set_memory_plan(plan)  # a plan the workload cannot run: UsageError naming what it can
+        self.plan = plan
+
+    def _choose(self, workload: Any, probe: bool = True, why: Optional[str] = None) -> plan_select.Choice:
+        """memory.plan=auto under the current budget (or none when there is no budget yet): the predictor, or
+        probes of real steps on `workload` where it cannot be used (probe=False: say that probes are needed)."""
+        assert self.device is not None
+        if self.budget_bytes is None:
+            return plan_select.Choice(NONE, "fixed", "memory.plan=auto without a budget yet: none")
+        batch = int(self.cfg.batch)
+        try:
+            nets = workload.modules()
+        except AttributeError:  # a workload that builds its networks in setup (a shell on meta has none)
+            nets = []
+        batchnorm = any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for net in nets for m in net.modules())
+        plans = plan_select.candidates(bool(workload.blocks()), bool(workload.MICROBATCH), batch,
+                                       self.settings.recompute, batchnorm)
+        reason = why
+        if self.select in ("auto", "predictor") and why is None:
+            try:
+                predictor = plan_select.job_predictor(self.cfg, self.device.type, self.budget_bytes)
+                model = str(self.cfg.model.name)
+                return plan_select.choose_by_prediction(
+                    plans, self.budget_bytes, lambda p: plan_select.predict_plan(predictor, model, batch, p),
+                    batchnorm)
+            except Exception as exc:  # no predictor here (torch < 2.5), or it cannot trace this step: probe
+                if self.select == "predictor" and isinstance(exc, UsageError):
+                    raise
+                reason = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+                log.info("memory.plan=auto: the predictor failed (%s); choosing by probes", reason)
+        if not probe:
+            return plan_select.Choice(NONE, "probes-needed", reason or "")
+        choice = plan_select.choose_by_probes(plans, self.budget_bytes, lambda p: plan_select.probe_step(
+            workload, p, self.device, self.runtime_bytes, self.is_oom))
+        if reason:
+            choice.chosen_because += f" (the predictor could not be used: {reason})"
+        return choice
+
+    # -- between steps ----------------------------------------------------------------------------------------
+    def before_step(self, index: int) -> None:
+        if self.watch is not None and self.workload is not None and self.watch.changed():
+            budget = self._read_watched()
+            if budget != self.budget_bytes:
+                self._replan(index, budget)
+        self.labels[index] = self.plan.label
+
+    def _replan(self, index: int, budget: Optional[int]) -> None:
+        before = self.plan
+        self.budget_bytes, self.budget_source = budget, f"budget_file {self.watch.path if self.watch else ''}"
+        if self.device is not None and self.device.type == "cuda" and budget is not None:
+            from mtbench.memory.budget import apply_budget
+            from mtbench.memory.targets import Target
+
+            torch.cuda.empty_cache()  # segments cached under the old budget go back before the cap changes
+            apply_budget(dataclasses.replace(Target.none(), name="budget_file", memory_budget_bytes=budget),
+                         self.device)
+        if self.settings.plan == "auto":
+            self.choice = self._choose(self.workload)
+            self.plan = self.choice.plan
+            self.workload.set_memory_plan(self.plan)
+        self.replans.append({"before_step": index, "budget_bytes": budget, "from": before.label,
+                             "to": self.plan.label,
+                             "chosen_because": self.choice.chosen_because if self.choice else None})
+        log.info("memory budget now %s bytes: step %d runs under %s (was %s)", budget, index, self.plan.label,
+                 before.label)
+
+    # -- results ----------------------------------------------------------------------------------------------
+    def summary(self, mem: Dict[str, Any]) -> Dict[str, Any]:
+        choice = self.choice
+        runs = getattr(self.workload, "_segment_runs", {}).get(self.plan.segments) if self.plan.segments else None
+        out: Dict[str, Any] = {
+            **self.plan.to_dict(),
+            "segments_used": len(runs) if runs else (0 if not self.plan.segments else None),
+            "setting": self.settings.plan,
+            "method": choice.method if choice else None,
+            "chosen_because": choice.chosen_because if choice else None,
+            "predicted_peak_bytes": choice.predicted_peak_bytes if choice else None,
+            "predicted_step_time_s": choice.predicted_step_time_s if choice else None,
+            "probed_peak_bytes": choice.probed_peak_bytes if choice else None,
+            "measured_peak_bytes": mem.get("mem_peak_bytes"),
+            "budget_bytes": self.budget_bytes,
+            "budget_source": self.budget_source,
+            "considered": choice.considered if choice else [],
+            "replans": self.replans,
+        }
+        if self.allocator is not None or (self.device is not None and self.device.type == "cuda"):
+            reserved, allocated = mem.get("mem_peak_reserved_bytes"), mem.get("mem_peak_bytes")
+            out["expandable_segments"] = bool(self.allocator)
+            out["fragmentation_bytes"] = (int(reserved) - int(allocated)
+                                          if reserved is not None and allocated is not None else None)
+        return out

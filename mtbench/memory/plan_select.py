@@ -1,0 +1,217 @@
+"""memory.plan=auto: among plans whose predicted (or probed) peak fits the budget, the one with the least step time."""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional
+
+import torch
+
+from mtbench.memory.plan import AUTO_SEGMENTS, NONE, MemoryPlan
+
+log = logging.getLogger("mtbench")
+
+
+def expected_cost(plan: MemoryPlan) -> float:
+    """A rough step-time factor over `none`, to order plans where nothing better is known: recomputation runs the
+    checkpointed segments' forward again (~+33 % of a step, Chen et al. 2016); each doubling of the micro-batches
+    costs ~10 % (smaller kernels, the weights read once per micro-batch)."""
+    return (1.33 if plan.segments else 1.0) * (1.0 + 0.1 * math.log2(plan.microbatch))
+
+
+def candidates(segmentable: bool, microbatchable: bool, batch: int, segments: int = AUTO_SEGMENTS,
+               batchnorm: bool = False) -> List[MemoryPlan]:
+    """The plans auto considers, in order of expected cost: none, recomputation (when the workload offers blocks),
+    2, 4, 8, ... micro-batches (at least one sample each), alone and with recomputation. With BatchNorm (which
+    normalizes each micro-batch by its own statistics, so micro-batches change the gradients) the plans that keep
+    the full batch's gradients come first."""
+    seg = segments if segmentable else 0
+    out = [NONE] + ([MemoryPlan(segments=seg)] if seg else [])
+    n = 2
+    while microbatchable and n <= batch:
+        out.append(MemoryPlan(microbatch=n))
+        if seg:
+            out.append(MemoryPlan(segments=seg, microbatch=n))
+        n *= 2
+    if batchnorm:
+        return sorted(out, key=lambda p: (p.microbatch > 1, expected_cost(p)))
+    return sorted(out, key=expected_cost)  # stable: ties keep the order above
+
+
+@dataclass
+class Choice:
+    plan: MemoryPlan
+    method: str  # "predictor" | "probes" | "fixed"
+    chosen_because: str
+    predicted_peak_bytes: Optional[int] = None
+    predicted_step_time_s: Optional[float] = None
+    probed_peak_bytes: Optional[int] = None
+    considered: List[Dict[str, Any]] = field(default_factory=list)  # every candidate with its figures
+
+
+def _fits(peak: Optional[int], budget: Optional[int]) -> bool:
+    return budget is None or (peak is not None and peak <= budget)
+
+
+AFTER_FIRST_FIT = 2  # plans predicted after the first that fits (a trace takes seconds on a CPU)
+
+
+def choose_by_prediction(plans: List[MemoryPlan], budget: int,
+                         predict: Callable[[MemoryPlan], Any], batchnorm: bool = False) -> Choice:
+    """predict(plan) -> a Prediction (peak_bytes, step_time_s). Plans are predicted in order of expected cost until
+    the first that fits and AFTER_FIRST_FIT more; among those that fit, the least predicted step time (ties: the
+    order of expected cost); without predicted times, the first that fits. With BatchNorm, a plan without
+    micro-batches that fits is taken before any with them (exact gradients before speed)."""
+    rows: List[Dict[str, Any]] = []
+    left = None
+    for plan in plans:
+        p = predict(plan)
+        rows.append({**plan.to_dict(), "predicted_peak_bytes": p.peak_bytes, "predicted_step_time_s": p.step_time_s,
+                     "fits": _fits(p.peak_bytes, budget)})
+        if left is None and rows[-1]["fits"]:
+            left = AFTER_FIRST_FIT
+        elif left is not None:
+            left -= 1
+        if left == 0:
+            break
+    plans = plans[:len(rows)]
+    fitting = [(r, plan) for r, plan in zip(rows, plans) if r["fits"]]
+    if not fitting:
+        r, plan = min(zip(rows, plans), key=lambda rp: rp[0]["predicted_peak_bytes"])
+        why = (f"no plan's predicted peak fits the budget of {budget} bytes: the smallest predicted peak "
+               f"({r['predicted_peak_bytes']} bytes, {plan.label})")
+        return Choice(plan, "predictor", why, r["predicted_peak_bytes"], r["predicted_step_time_s"], considered=rows)
+    exact = [(r, plan) for r, plan in fitting if plan.microbatch == 1]
+    note = ""
+    if batchnorm and exact and len(exact) < len(fitting):
+        fitting, note = exact, "; BatchNorm: plans without micro-batches first (the full batch's gradients)"
+    timed = [(r, plan) for r, plan in fitting if r["predicted_step_time_s"] is not None]
+    if timed:
+        best = min(r["predicted_step_time_s"] for r, _ in timed)
+        # times within 0.1 % are a tie (a roofline gives micro-batches the same time): the cheaper order wins
+        r, plan = next((r, p) for r, p in timed if r["predicted_step_time_s"] <= best * 1.001)
+        why = (f"least predicted step time ({r['predicted_step_time_s']:.4g} s) of the {len(fitting)} of "
+               f"{len(plans)} plans whose predicted peak fits {budget} bytes")
+    else:
+        r, plan = fitting[0]
+        why = (f"first in order of expected cost whose predicted peak fits {budget} bytes (the predictor "
+               "has no step time for this target: not calibrated)")
+    return Choice(plan, "predictor", why + note, r["predicted_peak_bytes"], r["predicted_step_time_s"],
+                  considered=rows)
+
+
+def choose_by_probes(plans: List[MemoryPlan], budget: int,
+                     probe: Callable[[MemoryPlan], Dict[str, Any]]) -> Choice:
+    """probe(plan) -> {"peak_bytes", "step_time_s", "oom"}: one real, unmeasured training step under the plan.
+    The first plan, in order of expected step time, whose probed peak fits (probing stops there)."""
+    rows = []
+    for plan in plans:
+        p = probe(plan)
+        fits = not p["oom"] and _fits(p["peak_bytes"], budget)
+        rows.append({**plan.to_dict(), "probed_peak_bytes": p["peak_bytes"], "probed_step_time_s": p["step_time_s"],
+                     "oom": p["oom"], "fits": fits})
+        if fits:
+            why = (f"first in order of expected cost whose probed peak ({p['peak_bytes']} bytes, one step) fits "
+                   f"{budget} bytes; {len(rows) - 1} plan(s) before it did not")
+            return Choice(plan, "probes", why, probed_peak_bytes=p["peak_bytes"], considered=rows)
+    ok = [(r, plan) for r, plan in zip(rows, plans) if not r["oom"] and r["probed_peak_bytes"] is not None]
+    r, plan = min(ok, key=lambda rp: rp[0]["probed_peak_bytes"]) if ok else (rows[-1], plans[-1])
+    why = f"no plan's probed peak fits {budget} bytes: the smallest probed peak ({plan.label})"
+    return Choice(plan, "probes", why, probed_peak_bytes=r["probed_peak_bytes"], considered=rows)
+
+
+def job_predictor(cfg: Any, device_type: str, budget_bytes: int) -> Any:
+    """A predict.Predictor for this job's own config (no Hydra compose inside a running job), on the job's device
+    type and with the job's budget. Raises when the predictor is missing or this torch is too old for it."""
+    from omegaconf import OmegaConf
+
+    from mtbench.predict import calibration, require_torch
+    from mtbench.predict.predictor import Predictor
+
+    require_torch()
+
+    class JobPredictor(Predictor):
+        def compose(self, model: Optional[str], batch: int, extra: Any = None) -> Any:
+            composed = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
+            composed.batch = batch
+            return composed
+
+    predictor = JobPredictor(target_name=str(cfg.target.name) if "target" in cfg else "none", device=device_type)
+    predictor.device = device_type
+    predictor.target = dataclasses.replace(predictor.target, memory_budget_bytes=budget_bytes)
+    predictor.calibration = calibration.load(calibration.calibration_key(predictor.target.name, device_type), None)
+    return predictor
+
+
+class _NoFlops:
+    """Stands in for FlopCounterMode in a memory-only trace (counts nothing)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def __enter__(self) -> "_NoFlops":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+    def get_total_flops(self) -> int:
+        return 0
+
+
+def predict_plan(predictor: Any, model: str, batch: int, plan: MemoryPlan) -> Any:
+    """The predictor's prediction of one step under `plan`. A recompute plan is traced twice: torch's
+    FlopCounterMode, active in the predictor's trace, keeps the checkpointed activations alive (measured here:
+    MobileNetV2 at batch 32, 27 MiB of activations at the peak without it, 135 MiB with it), so its peak comes
+    from a second trace without FLOP counting, and its FLOPs and time from the first."""
+    import torch.utils.flop_counter as flop_counter
+
+    from mtbench.memory.plan import default_plan
+
+    predictor._traces.clear()  # traces are cached by (model, batch): one per plan
+    with default_plan(plan):
+        timed = predictor.predict(model, batch)
+        if not plan.segments:
+            return timed
+        predictor._traces.clear()
+        counter = flop_counter.FlopCounterMode
+        flop_counter.FlopCounterMode = _NoFlops  # type: ignore[misc,assignment]
+        try:
+            memory = predictor.predict(model, batch)
+        finally:
+            flop_counter.FlopCounterMode = counter  # type: ignore[misc]
+    return dataclasses.replace(timed, tensors_bytes=memory.tensors_bytes, breakdown_bytes=memory.breakdown_bytes,
+                               allocator_reserved_bytes=memory.allocator_reserved_bytes,
+                               peak_bytes=memory.peak_bytes, fits=memory.fits)
+
+
+def probe_step(workload: Any, plan: MemoryPlan, device: torch.device, runtime_bytes: Optional[int],
+               is_oom: Callable[[BaseException], bool]) -> Dict[str, Any]:
+    """One real training step under `plan`, outside the measured steps: its peak (as the budget compares it)."""
+    from mtbench.memory import PeakMemory, budget, release_memory
+
+    release_memory(device)
+    peak = PeakMemory(device)
+    peak.reset()
+    workload.set_memory_plan(plan)
+    began = time.monotonic()
+    try:
+        workload.step()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+    except BaseException as exc:  # noqa: B902 - an allocator OOM is the probe's answer; anything else is raised
+        if not is_oom(exc):
+            raise
+        release_memory(device)
+        return {"peak_bytes": None, "step_time_s": None, "oom": True}
+    seconds = time.monotonic() - began
+    mem = peak.read()
+    # on CUDA the budget caps what the allocator reserves; on CPU the resident peak less the runtime
+    if device.type == "cuda":
+        compared = mem.get("mem_peak_reserved_bytes")
+    else:
+        compared = budget.compared_bytes(mem, runtime_bytes)
+    return {"peak_bytes": compared, "step_time_s": seconds, "oom": False}

@@ -1,0 +1,326 @@
+"""Memory plans: recomputation and micro-batches give the gradients of plain training; budget changes re-plan."""
+from __future__ import annotations
+
+import copy
+import csv
+import functools
+import json
+from typing import Dict, List
+
+import pytest
+import torch
+from torch import nn
+
+from mtbench.data import Synthetic
+from mtbench.errors import UsageError
+from mtbench.memory import plan_select
+from mtbench.memory.plan import AUTO_SEGMENTS, NONE, MemoryPlan, partition, profile_blocks, settings_from_cfg
+from mtbench.memory.plan_run import read_budget_file
+from mtbench.workload import SetupContext
+from models.classification import ImageClassification
+from tests.conftest import compose_cfg
+
+SHAPE = (3, 8, 8)
+# a job of the suite's image classification with TinyCNN as its network, 8x8 images
+TINY_JOB = ["model=squeezenet", "data.image_size=8",
+            "~model.workload.net", "+model.workload.net={_target_: tests.test_memory_plans.TinyCNN, batchnorm: true}"]
+
+
+class TinyCNN(nn.Module):
+    """Two convolutions, optional BatchNorm and dropout, a linear classifier: the shape of the suite's CNNs."""
+
+    def __init__(self, batchnorm: bool, dropout: float = 0.0) -> None:
+        super().__init__()
+        norm = (lambda c: nn.BatchNorm2d(c)) if batchnorm else (lambda c: nn.Identity())
+        self.features = nn.Sequential(
+            nn.Conv2d(3, 8, 3, padding=1), norm(8), nn.ReLU(inplace=True),
+            nn.Conv2d(8, 16, 3, padding=1, stride=2), norm(16), nn.ReLU(inplace=True),
+            nn.Conv2d(16, 16, 3, padding=1), norm(16), nn.ReLU(),
+            nn.AdaptiveAvgPool2d(1),
+        )
+        self.classifier = nn.Sequential(nn.Dropout(dropout), nn.Linear(16, 10))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(torch.flatten(self.features(x), 1))
+
+
+def workload(batchnorm: bool, dropout: float = 0.0, batch: int = 8) -> ImageClassification:
+    torch.manual_seed(0)
+    w = ImageClassification(TinyCNN(batchnorm, dropout), functools.partial(torch.optim.SGD, lr=0.1), SHAPE, 10)
+    w.setup(SetupContext(torch.device("cpu"), batch, Synthetic(image_size=8), seed=0, batches=1))
+    return w
+
+
+def grads_after_step(w: ImageClassification, plan: MemoryPlan, seed: int = 1) -> Dict[str, torch.Tensor]:
+    """The gradients of one step under `plan` (the optimizer's update is skipped so the step can be repeated)."""
+    w = copy.deepcopy(w)
+    w.set_memory_plan(plan)
+    w.optimizer = torch.optim.SGD(w.net.parameters(), lr=0.0)
+    torch.manual_seed(seed)  # the same dropout masks for every plan
+    w.step()
+    grads = {n: p.grad.clone() for n, p in w.net.named_parameters()}
+    return {**grads, **{f"buffer:{n}": b.clone() for n, b in w.net.named_buffers()}}
+
+
+def max_relative_difference(a: Dict[str, torch.Tensor], b: Dict[str, torch.Tensor]) -> float:
+    return max(float((a[k] - b[k]).abs().max() / (a[k].abs().max() + 1e-12)) for k in a if not k.startswith("buffer:"))
+
+
+@pytest.mark.parametrize("segments", [1, 2, AUTO_SEGMENTS])
+def test_recompute_gives_the_gradients_of_plain_training(segments):
+    """BatchNorm and dropout included: the recomputation sees the forward's batch statistics and dropout masks, and the
+    running statistics are updated once (the forward's), not again when a segment is recomputed."""
+    w = workload(batchnorm=True, dropout=0.5)
+    plain = grads_after_step(w, NONE)
+    recomputed = grads_after_step(w, MemoryPlan(segments=segments))
+    for name in plain:
+        assert torch.allclose(plain[name], recomputed[name], atol=1e-6, rtol=1e-5), name
+
+
+def test_microbatches_give_the_gradients_of_the_full_batch_without_batchnorm():
+    w = workload(batchnorm=False)
+    full = grads_after_step(w, NONE)
+    for n in (2, 3, 8):  # 3: uneven micro-batches (3+3+2 of 8), each weighted by its share of the batch
+        micro = grads_after_step(w, MemoryPlan(microbatch=n))
+        for name in full:
+            assert torch.allclose(full[name], micro[name], atol=1e-6, rtol=1e-5), (n, name)
+
+
+def test_microbatches_with_batchnorm_normalize_per_microbatch():
+    """BatchNorm normalizes each micro-batch with its own statistics: the gradients differ from the full batch's (the
+    README states the measured size of the difference); recomputation inside the plan changes nothing more."""
+    w = workload(batchnorm=True)
+    full = grads_after_step(w, NONE)
+    micro = grads_after_step(w, MemoryPlan(microbatch=2))
+    both = grads_after_step(w, MemoryPlan(segments=2, microbatch=2))
+    assert max_relative_difference(full, micro) > 1e-3
+    for name in micro:
+        assert torch.allclose(micro[name], both[name], atol=1e-6, rtol=1e-5), name
+
+
+def test_blocks_of_a_network_reproduce_its_forward_and_profile_it():
+    w = workload(batchnorm=True)
+    blocks = w.blocks()
+    assert blocks is not None and len(blocks) >= 4
+    w.net.eval()
+    x = torch.randn(4, *SHAPE)
+    y = x
+    for b in blocks:
+        y = b(y)
+    assert torch.allclose(w.net(x), y, atol=1e-6)
+    profile = profile_blocks(blocks, x[:1])
+    assert len(profile.saved_bytes) == len(blocks) and profile.saved_bytes[0] > 0
+    runs = partition(profile, 2)
+    assert len(runs) <= 2 and runs[0][0] == 0 and runs[-1][1] == len(blocks)
+
+
+def test_a_plan_the_workload_cannot_run_is_a_usage_error():
+    class Flat(ImageClassification):
+        MICROBATCH = False
+
+        def blocks(self):
+            return None
+
+    w = Flat(TinyCNN(False), functools.partial(torch.optim.SGD, lr=0.1), SHAPE, 10)
+    with pytest.raises(UsageError, match="recompute"):
+        w.set_memory_plan(MemoryPlan(segments=2))
+    with pytest.raises(UsageError, match="microbatch"):
+        w.set_memory_plan(MemoryPlan(microbatch=2))
+
+
+@pytest.mark.parametrize("override, message", [
+    ("memory.plan=swap", "memory.plan='swap' is not known"),
+    ("memory.microbatch=0", "memory.microbatch=0"),
+    ("memory.recompute=some", "memory.recompute='some'"),
+    ("memory.budget_gb=-1", "memory.budget_gb=-1"),
+])
+def test_bad_memory_values_are_named(override, message):
+    with pytest.raises(UsageError, match=message):
+        settings_from_cfg(compose_cfg([override]))
+
+
+def test_budget_file_format(tmp_path):
+    f = tmp_path / "budget"
+    assert read_budget_file(f) is None
+    f.write_text("1.5\n")
+    assert read_budget_file(f) == int(1.5 * 2**30)
+    f.write_text("2 GiB")
+    assert read_budget_file(f) == 2 * 2**30
+    f.write_text("1000000 bytes")
+    assert read_budget_file(f) == 1000000
+    f.write_text("lots")
+    with pytest.raises(ValueError, match="not a budget"):
+        read_budget_file(f)
+
+
+def test_auto_takes_the_least_predicted_time_among_plans_that_fit():
+    class P:
+        def __init__(self, peak: int, time_s: float) -> None:
+            self.peak_bytes, self.step_time_s = peak, time_s
+
+    plans = plan_select.candidates(True, True, batch=8)
+    auto = AUTO_SEGMENTS
+    assert plans[:5] == [NONE, MemoryPlan(microbatch=2), MemoryPlan(microbatch=4), MemoryPlan(microbatch=8),
+                         MemoryPlan(segments=auto)]  # in order of expected cost
+    peak = {p: 1000 // p.microbatch // (2 if p.segments else 1) for p in plans}
+    time_s = {p: 1.0 + 0.1 * p.microbatch for p in plans}
+    time_s[MemoryPlan(microbatch=8)] = 1.2  # predicted faster than microbatch/4, the first plan that fits
+    choice = plan_select.choose_by_prediction(plans, 400, lambda p: P(peak[p], time_s[p]))
+    assert choice.plan == MemoryPlan(microbatch=8)
+    assert "least predicted step time" in choice.chosen_because
+    # predicted up to the first that fits (microbatch/4) and AFTER_FIRST_FIT more
+    assert len(choice.considered) == 3 + plan_select.AFTER_FIRST_FIT
+    assert all(r["fits"] == (r["predicted_peak_bytes"] <= 400) for r in choice.considered)
+    # nothing fits: the smallest predicted peak, said so
+    small = plan_select.choose_by_prediction(plans, 10, lambda p: P(peak[p], time_s[p]))
+    assert small.plan == min(plans, key=lambda p: peak[p]) and "no plan" in small.chosen_because
+
+
+def _fake_probe(batch: int):
+    """A probe that runs the real step but reports a peak from a model of the plan (RSS is too noisy to test on)."""
+    def probe(workload, plan, device, runtime_bytes, is_oom):
+        workload.set_memory_plan(plan)
+        workload.step()
+        return {"peak_bytes": 1000 * batch // plan.microbatch // (2 if plan.segments else 1), "step_time_s": 0.01,
+                "oom": False}
+    return probe
+
+
+def test_a_new_budget_replans_between_steps_without_losing_one(run, tmp_path, monkeypatch):
+    budget_file = tmp_path / "budget"
+    budget_file.write_text("100000 bytes")  # everything fits: none
+    monkeypatch.setattr(plan_select, "probe_step", _fake_probe(batch=8))
+    original = ImageClassification.step
+    steps: List[int] = []
+
+    def step(self):
+        original(self)
+        steps.append(self.i)
+        if len(steps) == 4:  # another process takes memory: the budget drops to 3000 bytes (fits 1000*8/4 = 2000)
+            budget_file.write_text("3000 bytes")
+
+    monkeypatch.setattr(ImageClassification, "step", step)
+    summary = run([*TINY_JOB, "batch=8", "warmup=1", "steps=5", "memory.plan=auto",
+                   f"memory.budget_file={budget_file}", "memory.select=probes"])
+    assert summary["success"], summary["failure"]
+    assert summary["measured_steps"] == 5
+    plan = summary["memory_plan"]
+    assert plan["budget_bytes"] == 3000 and plan["budget_source"].startswith("budget_file")
+    assert [r["before_step"] for r in plan["replans"]] == [3]  # probes of step 4's re-plan are not steps
+    assert plan["replans"][0]["from"] == "none" and plan["label"] == plan["replans"][0]["to"] != "none"
+    rows = list(csv.DictReader(open(tmp_path / "job" / "steps.csv")))
+    assert [r["index"] for r in rows] == ["0", "1", "2", "3", "4", "5"]
+    assert [r["plan"] for r in rows][:3] == ["none"] * 3 and {r["plan"] for r in rows[3:]} == {plan["label"]}
+    assert json.loads((tmp_path / "job" / "summary.json").read_text())["memory_plan"]["replans"]
+    from mtbench.report import make_report
+
+    table = (make_report(tmp_path / "job") / "README.md").read_text()
+    assert "| memory plan |" in table and f"| auto: none -> {plan['label']} |" in table
+
+
+def test_a_fixed_plan_runs_and_is_recorded(run):
+    summary = run([*TINY_JOB, "batch=4", "memory.plan=recompute"])
+    assert summary["success"], summary["failure"]
+    plan = summary["memory_plan"]
+    assert plan["plan"] == "recompute" and plan["segments_used"] >= 1 and plan["method"] == "fixed"
+    assert plan["measured_peak_bytes"] == summary["mem_peak_bytes"]
+
+
+def test_auto_without_a_budget_is_a_usage_error(run):
+    with pytest.raises(UsageError, match="memory.plan=auto needs a budget"):
+        run([*TINY_JOB, "memory.plan=auto"])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("expandable", [False, True])
+def test_cuda_fragmentation_is_reported(run, expandable, monkeypatch):
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "")  # the job sets it; restored after the test
+    summary = run(["device=cuda", "model=squeezenet", "batch=8", "memory.plan=microbatch",
+                   f"memory.expandable_segments={str(expandable).lower()}"])
+    plan = summary["memory_plan"]
+    assert plan["expandable_segments"] is expandable
+    assert plan["fragmentation_bytes"] == summary["mem_peak_reserved_bytes"] - summary["mem_peak_bytes"] >= 0
+    if expandable and hasattr(torch.cuda.memory, "_set_allocator_settings"):
+        torch.cuda.memory._set_allocator_settings("expandable_segments:False")
+
+
+CNNS = ["alexnet", "densenet40", "densenet100", "inceptionv1", "mobilenetv2", "resnet50", "resnet101", "resnet152",
+        "squeezenet", "vgg16", "vgg19", "xception"]
+
+
+@pytest.mark.parametrize("model", CNNS)
+def test_every_cnn_offers_blocks_that_reproduce_its_forward(model):
+    from mtbench.config import instantiate
+
+    cfg = compose_cfg([f"model={model}"])  # 32x32: VGG's five pools need it
+    w = instantiate(cfg.model.workload)
+    blocks = w.blocks()
+    assert blocks is not None and len(blocks) >= 8, model
+    w.net.eval()
+    x = torch.randn(2, 3, 32, 32)
+    y = x
+    with torch.no_grad():
+        for b in blocks:
+            y = b(y)
+        assert torch.allclose(w.net(x), y, atol=1e-5), model
+
+
+def test_recompute_in_a_real_cnn_gives_the_same_gradients():
+    from mtbench.config import instantiate
+
+    cfg = compose_cfg(["model=mobilenetv2", "data.image_size=8", "model.workload.net.width_mult=0.25", "batch=4"])
+    torch.manual_seed(0)
+    w = instantiate(cfg.model.workload)
+    w.setup(SetupContext(torch.device("cpu"), 4, Synthetic(image_size=8), seed=0, batches=1))
+    plain = grads_after_step(w, NONE)
+    recomputed = grads_after_step(w, MemoryPlan(segments=AUTO_SEGMENTS))
+    for name in plain:
+        assert torch.allclose(plain[name], recomputed[name], atol=1e-5, rtol=1e-4), name
+
+
+@pytest.mark.parametrize("model, overrides", [
+    ("char_rnn", ["model.workload.seq_len=12", "model.workload.hidden=16", "model.workload.dropout=0.0"]),
+    ("bert", ["model.workload.hidden=16", "model.workload.layers=1", "model.workload.heads=2",
+              "model.workload.intermediate=32", "model.workload.seq_len=32", "model.workload.max_question=8",
+              "model.workload.vocab_size=100", "model.workload.dropout=0.0"]),
+])
+def test_microbatches_in_sequence_models_give_the_gradients_of_the_full_batch(model, overrides):
+    from mtbench.config import instantiate
+
+    cfg = compose_cfg([f"model={model}", "batch=4", *overrides])
+    torch.manual_seed(0)
+    w = instantiate(cfg.model.workload)
+    w.setup(SetupContext(torch.device("cpu"), 4, instantiate(cfg.data), seed=0, batches=1))
+    assert w.blocks() is None  # recomputation: CNNs only (see README)
+    full = grads_after_step(w, NONE)
+    micro = grads_after_step(w, MemoryPlan(microbatch=2))
+    for name in full:
+        if not name.startswith("buffer:"):
+            assert torch.allclose(full[name], micro[name], atol=1e-5, rtol=1e-4), name
+
+
+def test_with_batchnorm_auto_takes_exact_gradients_first():
+    class P:
+        def __init__(self, peak: int, time_s: float) -> None:
+            self.peak_bytes, self.step_time_s = peak, time_s
+
+    plans = plan_select.candidates(True, True, batch=8, batchnorm=True)
+    assert plans[:2] == [NONE, MemoryPlan(segments=AUTO_SEGMENTS)]
+    # recompute (500) and microbatch/2 (500) fit; microbatch/2 is predicted faster, but changes BatchNorm's gradients
+    peak = {p: 1000 // p.microbatch // (2 if p.segments else 1) for p in plans}
+    choice = plan_select.choose_by_prediction(plans, 600, lambda p: P(peak[p], 1.0 if p.segments else 0.5),
+                                              batchnorm=True)
+    assert choice.plan == MemoryPlan(segments=AUTO_SEGMENTS) and "BatchNorm" in choice.chosen_because
+
+
+def test_the_predictor_sees_what_recomputation_saves(monkeypatch):
+    pytest.importorskip("torch.distributed._tools.mem_tracker")
+    from mtbench import config
+
+    monkeypatch.setattr(config, "ALLOWED_TARGET_PREFIXES", config.ALLOWED_TARGET_PREFIXES + ("tests.",))
+    cfg = compose_cfg([*TINY_JOB, "batch=64"])
+    predictor = plan_select.job_predictor(cfg, "cpu", 1 << 30)
+    plain = plan_select.predict_plan(predictor, "squeezenet", 64, NONE)
+    recomputed = plan_select.predict_plan(predictor, "squeezenet", 64, MemoryPlan(segments=AUTO_SEGMENTS))
+    assert recomputed.breakdown_bytes["activations"] < 0.7 * plain.breakdown_bytes["activations"]
+    assert recomputed.flops > plain.flops  # the recomputed forward is counted
