@@ -20,7 +20,7 @@ from rich.table import Table
 
 from mtbench.config import conf_dir, group_options, instantiate
 from mtbench.console import console
-from mtbench.errors import UsageError
+from mtbench.errors import UsageError, describe_error
 
 
 @dataclass
@@ -58,7 +58,7 @@ def _row(name: str, cfg: Any) -> ModelRow:
         flops, note = training_flops_per_sample(workload, cfg)
         params = workload.parameter_count()  # after setup: some models size their vocabulary from the data
     except Exception as exc:  # e.g. dcgan at data.image_size=224: the row keeps its parameters and says why
-        flops, note = None, f"not counted: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        flops, note = None, f"not counted: {describe_error(exc)}"
     return ModelRow(name, params, cfg.model.get("paper_params"), flops, note, cfg.model.description)
 
 

@@ -25,7 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 from mtbench import env, memory, results
 from mtbench.config import JobSpec, instantiate, positive_float
 from mtbench.data import DataSource
-from mtbench.errors import UsageError
+from mtbench.errors import UsageError, describe_error
 from mtbench.memory import budget
 from mtbench.memory.breakdown import breakdown_bytes, fragmentation_bytes
 from mtbench.memory.plan_run import Planner
@@ -64,7 +64,12 @@ OOM_MARKERS = (
 def is_oom(exc: BaseException) -> bool:
     if isinstance(exc, (torch.cuda.OutOfMemoryError, MemoryError)):
         return True
-    return isinstance(exc, RuntimeError) and any(m in str(exc).lower() for m in OOM_MARKERS)
+    return isinstance(exc, RuntimeError) and is_oom_text(str(exc))
+
+
+def is_oom_text(text: str) -> bool:
+    """An error's text says it ran out of memory (also for one that reached us only as text, from a child)."""
+    return any(m in text.lower() for m in OOM_MARKERS)
 
 
 def _sync(device: torch.device) -> None:
@@ -294,7 +299,7 @@ def _run_locked(job: Job) -> Dict[str, Any]:
         raise
     except BaseException as exc:  # noqa: B902 - every failure of the job is a result, not a crash
         kind = "oom" if is_oom(exc) else "error"
-        job.failure = {"kind": kind, "message": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"}
+        job.failure = {"kind": kind, "message": describe_error(exc)}
         log.debug("job failed", exc_info=True)
     finally:
         # a second Ctrl-C (or the one a parent forwards) waits until the results are written and memory freed
@@ -532,7 +537,7 @@ def _child_main(cfg: DictConfig, out_dir: Path, sender, parent_pid: int) -> None
         except (OSError, ValueError):
             pass
     except BaseException as exc:  # an error outside the job's own try (e.g. CUDA fails to start): a result too
-        sender.send(("crashed", f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"))
+        sender.send(("crashed", describe_error(exc)))
         log.debug("job process failed", exc_info=True)
     finally:
         sender.send(("child_seconds", time.monotonic() - started))
@@ -601,7 +606,7 @@ def _summary_of_dead_job(cfg: DictConfig, out_dir: Path, exitcode: Optional[int]
     if "interrupted" in messages:  # Ctrl-C before the job had anything to write
         failure = {"kind": "interrupted", "message": "interrupted by the user (Ctrl-C)"}
     elif "crashed" in messages:
-        failure = {"kind": "oom" if any(m in messages["crashed"].lower() for m in OOM_MARKERS) else "error",
+        failure = {"kind": "oom" if is_oom_text(messages["crashed"]) else "error",
                    "message": messages["crashed"]}
     elif exitcode is not None and exitcode < 0:
         name = signal_name(-exitcode)

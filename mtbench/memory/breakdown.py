@@ -6,6 +6,8 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import torch
 
+from mtbench.errors import describe_error
+
 PARTS = ("parameters", "gradients", "optimizer_state", "activations", "inputs", "other")
 TOOL = "torch.distributed._tools.mem_tracker.MemTracker"
 # MemTracker's categories (torch >= 2.5) -> ours. Tensors we register with track_external (the batches the workload
@@ -137,7 +139,7 @@ def breakdown_bytes(workload: Any, device: torch.device,
         snapshot = tracker.get_tracker_snapshot("peak")
         peaks = {torch.device(dev): total for dev, total in tracker._peak_mem.items()}  # the tracker's own running peak
     except Exception as exc:  # the timed results stand without the breakdown; say why it is missing
-        return None, f"MemTracker failed on this workload: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        return None, f"MemTracker failed on this workload: {describe_error(exc)}"
     dev_snapshot = _for_device(snapshot, device)
     if dev_snapshot is None:
         return None, f"MemTracker saw no tensor on {device} during the step"

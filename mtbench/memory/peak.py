@@ -14,23 +14,23 @@ _HWM = re.compile(rb"VmHWM:\s+(\d+)\s+kB")
 _RSS = re.compile(rb"VmRSS:\s+(\d+)\s+kB")
 
 
-def _read_hwm_bytes() -> Optional[int]:
+def _status_bytes(field: "re.Pattern[bytes]") -> Optional[int]:
+    """One kB field of /proc/self/status in bytes (None where the file or the field is missing)."""
     try:
         with open("/proc/self/status", "rb") as f:
-            match = _HWM.search(f.read())
+            match = field.search(f.read())
     except OSError:
         return None
     return int(match.group(1)) * 1024 if match else None
+
+
+def _read_hwm_bytes() -> Optional[int]:
+    return _status_bytes(_HWM)
 
 
 def current_rss_bytes() -> Optional[int]:
     """The process's resident memory now (None where /proc/self/status is missing)."""
-    try:
-        with open("/proc/self/status", "rb") as f:
-            match = _RSS.search(f.read())
-    except OSError:
-        return None
-    return int(match.group(1)) * 1024 if match else None
+    return _status_bytes(_RSS)
 
 
 def _reset_hwm() -> bool:
