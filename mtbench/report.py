@@ -204,13 +204,23 @@ def _lines(ax, groups, metric: Callable[[Dict[str, Any]], Optional[float]], ylab
     ax.set_ylabel(ylabel)
     ax.set_title(what)
     ax.grid(alpha=0.3)
-    if any(ax.get_legend_handles_labels()[1]):
+    _legend(ax)
+
+
+def _legend(ax) -> None:
+    """Inside the panel when short; below it when many or long entries (several boards) would hide the lines."""
+    labels = ax.get_legend_handles_labels()[1]
+    if not any(labels):
+        return
+    if len(labels) > 4 or max(len(x) for x in labels) > 30:
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.3))
+    else:
         ax.legend(fontsize=8)
 
 
 def _save(fig, path: Path) -> str:
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")  # "tight": legends below the panels are kept
     plt.close(fig)
     return path.name
 
@@ -241,7 +251,7 @@ def fig_utilization(groups, out: Path) -> str:
                            color=styles[model]["color"])
     if typed:
         a.set_title("CPU utilization (mean; thin: per core type)")
-        a.legend(fontsize=7)
+        _legend(a)
     _lines(b, groups, lambda j: _get(j, "gpu_util_pct", "mean"), "% busy", "GPU utilization", ylim=(0, 105))
     return _save(fig, out / "utilization.png")
 
@@ -250,7 +260,8 @@ TYPE_MARKERS = ("v", "^", "<", ">")
 
 
 def _core_type_lines(ax, model: str, js: List[Dict[str, Any]], color: str) -> bool:
-    """One thin line per CPU core type (a TX2: Denver2 and A57) across batch sizes; False where no job has types."""
+    """One thin line per CPU core type (a TX2: Denver2 and A57) across batch sizes; False where the jobs have fewer
+    than two core types (an Orin's cores are all A78AE: the mean is that type's figure)."""
     points: Dict[str, List[tuple]] = defaultdict(list)
     cores: Dict[str, set] = defaultdict(set)
     for j in js:
@@ -258,6 +269,8 @@ def _core_type_lines(ax, model: str, js: List[Dict[str, Any]], color: str) -> bo
             if g["type"] is not None and g["pct"] is not None:
                 points[g["name"]].append((j["batch_size"], g["pct"]))
                 cores[g["name"]].update(g["cores"])
+    if len(points) < 2:
+        return False
     for k, (name, pts) in enumerate(points.items()):
         xs, ys = zip(*pts)
         ax.plot(xs, ys, color=color, lw=1, linestyle=":", marker=TYPE_MARKERS[k % len(TYPE_MARKERS)],

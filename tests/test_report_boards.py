@@ -232,6 +232,9 @@ def test_two_boards_merged_one_row_and_one_series_each(fleet, drawn):
     assert series["resnet50 @ quill"] == ([2, 4], [0.40, 0.70])
     assert series[f"resnet50 @ {ORIN_NANO}"] == ([2, 4], [0.10, 0.15])
     assert len(series) == 2
+    cpu = first_panel(drawn, "utilization.png")
+    assert "resnet50 @ quill: Denver2 (cores 1-2)" in cpu
+    assert not any("A78AE" in label for label in cpu)  # the Orin's one core type: its mean, not a second line
     memory = [label for label, _, _ in drawn["memory.png"]]
     assert "resnet50 @ quill" in memory and f"resnet50 @ {ORIN_NANO}" in memory
 
