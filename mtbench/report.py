@@ -74,9 +74,19 @@ def assign_boards(jobs: List[Dict[str, Any]]) -> None:
     """Set each job's `_board`: board_of, refined by the host and then by the folder given to the report where
     two jobs of one (board, model, batch) came from different hosts or folders, so that no two of them are
     ever merged into one series point."""
+    # a job whose process died before it read the board has a summary written by the sweep's parent, with
+    # env.host() only (no "jetson" key): it ran on the Jetson its host names in its other jobs
+    jetson_of_host: Dict[str, str] = {}
+    for j in jobs:
+        env = j.get("env") if isinstance(j.get("env"), dict) else {}
+        if isinstance(env.get("jetson"), dict) and env["jetson"].get("board") and env.get("host"):
+            jetson_of_host.setdefault(str(env["host"]), str(env["jetson"]["board"]))
     by_board: Dict[str, List[Dict[str, Any]]] = defaultdict(list)
     for j in jobs:
-        by_board[board_of(j)].append(j)
+        env = j.get("env") if isinstance(j.get("env"), dict) else {}
+        inherited = "jetson" not in env and str(env.get("host")) in jetson_of_host
+        j["_board_from"] = "env.jetson.board of the host's other jobs" if inherited else board_source(j)
+        by_board[jetson_of_host[str(env.get("host"))] if inherited else board_of(j)].append(j)
     for board, js in by_board.items():
         def host(j: Dict[str, Any]) -> str:
             return str((j.get("env") or {}).get("host") or "?")
@@ -429,7 +439,8 @@ def readme(jobs: List[Dict[str, Any]], figures: List[str]) -> str:
     lines += ["", "## Boards", "", "| board | jobs | named from | L4T | power mode |", "|---|---|---|---|---|"]
     for board in boards(jobs):
         js = [j for j in jobs if (j.get("_board") or board_of(j)) == board]
-        lines.append(f"| {board} | {len(js)} | {board_source(js[0])} | {_jetson_cell(js, 'l4t')} | "
+        sources = ", ".join(dict.fromkeys(j.get("_board_from") or board_source(j) for j in js))
+        lines.append(f"| {board} | {len(js)} | {sources} | {_jetson_cell(js, 'l4t')} | "
                      f"{_jetson_cell(js, 'power_mode')} |")
     unbatched = [j["_dir"] for j in jobs if not _has_batch(j)]
     if unbatched:
@@ -455,7 +466,7 @@ def board_source(job: Dict[str, Any]) -> str:
 def _jetson_cell(jobs: List[Dict[str, Any]], key: str) -> str:
     """A Jetson field over a board's jobs: one value, or each value seen (a TX2 compared across power modes)."""
     seen = []
-    for j in jobs:
+    for j in [j for j in jobs if isinstance((j.get("env") or {}).get("jetson"), dict)] or jobs:
         value = ((j.get("env") or {}).get("jetson") or {}).get(key)
         if isinstance(value, dict):  # power_mode: {"id": 0, "name": "MAXN"}
             value = f"{value.get('name')} ({value.get('id')})"

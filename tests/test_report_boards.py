@@ -201,13 +201,26 @@ def test_real_run_with_a_fake_tx2_tree_groups_its_cores(tmp_path):
 # ---- several boards ---------------------------------------------------------------------------------------
 
 
+def killed_before_env(model: str, batch: int, host: str) -> Dict[str, Any]:
+    """The summary the sweep's parent writes for a job killed before it read its env: env.host() only."""
+    s = fake_summary(model, batch, 1.0, [], host=host, success=False)
+    s.update({"step_time_s": None, "throughput_samples_per_s": None, "cpu_util_pct": None, "mem_peak_bytes": None,
+              "failure": {"kind": "killed", "message": "the job's process was killed by signal 9 (SIGKILL)"}})
+    s["env"] = {"versions": {"mtbench": "0.1.0", "python": "3.8.10"}, "host": host, "platform": "Linux-aarch64",
+                "machine": "aarch64", "device_name": "ARMv8 Processor rev 3 (v8l)",
+                "cpu_model": "ARMv8 Processor rev 3 (v8l)", "cpu_count": 6}
+    return s
+
+
 @pytest.fixture
 def fleet(tmp_path):
-    """Two sweeps, one per board, with resnet50 at batch 2 and 4 on both and an OOM on the TX2 only."""
+    """Two sweeps, one per board, with resnet50 at batch 2 and 4 on both, and on the TX2 only an OOM and a job
+    killed before it read its env."""
     tx2 = write_jobs(tmp_path / "sweeps" / "tx2", [
         fake_summary("resnet50", 2, 0.40, [20.0, 60.0, 66.0, 22.0, 21.0, 21.0], jetson=tx2_env(), host="tx2-a"),
         fake_summary("resnet50", 4, 0.70, [20.0, 60.0, 66.0, 22.0, 21.0, 21.0], jetson=tx2_env(), host="tx2-a"),
-        fake_summary("resnet50", 64, 0.0 + 1, [None] * 6, jetson=tx2_env(), host="tx2-a", success=False)])
+        fake_summary("resnet50", 64, 1.0, [None] * 6, jetson=tx2_env(), host="tx2-a", success=False),
+        killed_before_env("resnet50", 128, host="tx2-a")])
     orin = write_jobs(tmp_path / "sweeps" / "orin", [
         fake_summary("resnet50", 2, 0.10, [30.0] * 6, jetson=orin_env(), host="orin-1"),
         fake_summary("resnet50", 4, 0.15, [35.0] * 6, jetson=orin_env(), host="orin-1")])
@@ -220,14 +233,15 @@ def test_two_boards_merged_one_row_and_one_series_each(fleet, drawn):
     assert out == tx2.parent / "report"  # several folders: their common parent
     with open(out / "summary.csv") as f:
         rows = {r["job"]: r for r in csv.DictReader(f)}
-    assert len(rows) == 5
+    assert len(rows) == 6
+    assert rows["tx2/3-resnet50-b128"]["board"] == "quill"  # its host's board, not its CPU's model
     assert rows["tx2/1-resnet50-b4"]["board"] == "quill" and rows["orin/1-resnet50-b4"]["board"] == ORIN_NANO
     assert float(rows["tx2/1-resnet50-b4"]["step_time_s.median"]) == 0.70  # never a mean of the two boards
     assert float(rows["orin/1-resnet50-b4"]["step_time_s.median"]) == 0.15
     text = (out / "README.md").read_text()
     assert "| tx2/1-resnet50-b4 | resnet50 | 4 | cpu | quill |" in text
     assert f"| orin/1-resnet50-b4 | resnet50 | 4 | cpu | {ORIN_NANO} |" in text
-    assert "| quill | 3 | env.jetson.board | 32.7.1 | MAXN (0) |" in text
+    assert "| quill | 4 | env.jetson.board, env.jetson.board of the host's other jobs | 32.7.1 | MAXN (0) |" in text
     series = first_panel(drawn, "step_time_throughput.png")
     assert series["resnet50 @ quill"] == ([2, 4], [0.40, 0.70])
     assert series[f"resnet50 @ {ORIN_NANO}"] == ([2, 4], [0.10, 0.15])
@@ -292,7 +306,7 @@ def test_report_cli_several_folders(fleet, tmp_path):
     proc = mtbench_cli("report", str(tx2), str(orin), "--out", str(tmp_path / "merged"))
     assert proc.returncode == 0, proc.stderr
     with open(tmp_path / "merged" / "summary.csv") as f:
-        assert len(list(csv.DictReader(f))) == 5
+        assert len(list(csv.DictReader(f))) == 6
     for args, says in ([str(tx2), "--bogus"], "unknown option '--bogus'"), ([str(tx2), "--out"], "--out needs"), \
             ([str(tx2), str(tmp_path / "nowhere")], "is not a directory"):
         bad = mtbench_cli("report", *args)
