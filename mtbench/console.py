@@ -128,7 +128,8 @@ def cpu_by_core_type(summary: Dict[str, Any]) -> Optional[List[Dict[str, Any]]]:
     for kind, group in sorted(members.items(), key=lambda kv: (kv[0] is None, kv[1][0]["cpu"])):
         cpus = [c["cpu"] for c in group]
         pcts = [pct_of[c] for c in cpus if pct_of.get(c) is not None]
-        name = core_type_name(kind) if kind else ("offline" if not any(c.get("online") for c in group) else "unknown type")
+        offline = not any(c.get("online") for c in group)
+        name = core_type_name(kind) if kind else ("offline" if offline else "unknown type")
         groups.append({"type": kind, "name": name, "cores": cpus, "pct": sum(pcts) / len(pcts) if pcts else None})
     return groups
 

@@ -170,7 +170,8 @@ def test_report_table_csv_and_figure_per_core_type(tmp_path, drawn):
 
 
 def test_report_without_core_types_stays_as_before(tmp_path, drawn):
-    out = make_report(write_jobs(tmp_path / "x86", [fake_summary("resnet50", b, 0.1 * b, [40.0, 60.0]) for b in (2, 4)]))
+    jobs = [fake_summary("resnet50", b, 0.1 * b, [40.0, 60.0]) for b in (2, 4)]
+    out = make_report(write_jobs(tmp_path / "x86", jobs))
     assert "core type" not in (out / "README.md").read_text()
     # the CPU mean and the per-core band around it, as before (no GPU here: that panel says not measured)
     assert [label for label, _, _ in drawn["utilization.png"]] == ["resnet50"]
