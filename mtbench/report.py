@@ -10,7 +10,7 @@ from __future__ import annotations
 import csv
 import json
 import os
-from collections import Counter, defaultdict
+from collections import defaultdict
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
 
@@ -93,13 +93,16 @@ def assign_boards(jobs: List[Dict[str, Any]]) -> None:
 
         levels = [lambda j: board, lambda j: f"{board} @ {host(j)}",
                   lambda j: f"{board} @ {host(j)} [{j.get('_source') or '.'}]"]
-        chosen = levels[0]
-        for key in levels:
-            seen = Counter((key(j), j.get("model"), j.get("batch_size")) for j in js if _has_batch(j))
-            if all(n == 1 for n in seen.values()):
+        chosen = levels[-1]
+        for key in levels:  # the first level at which one point of a series comes from one host and one folder
+            origins: Dict[tuple, set] = defaultdict(set)
+            for j in js:
+                if _has_batch(j):
+                    origins[(key(j), j.get("model"), j.get("batch_size"))].add((host(j), j.get("_source")))
+            if all(len(o) == 1 for o in origins.values()):
                 chosen = key
                 break
-        for j in js:  # where no level tells them apart (one folder, one host: a sweep over another knob) keep the board
+        for j in js:  # two jobs of one host and folder (a sweep over another knob) stay in one series
             j["_board"] = chosen(j)
 
 

@@ -284,6 +284,18 @@ def test_one_sweep_across_boards_and_kinds_of_board(tmp_path, drawn):
     assert "| Intel Xeon | 1 | CPU model (env.cpu_model) |" in text
 
 
+def test_two_hosts_apart_even_where_one_host_swept_another_knob(tmp_path, drawn):
+    """orin-1 ran vgg16 b4 twice (e.g. two memory plans), orin-2 once: the hosts are two series, the knob's
+    two jobs stay in orin-1's."""
+    root = write_jobs(tmp_path / "multirun", [
+        fake_summary("vgg16", 4, 0.30, [30.0] * 6, jetson=orin_env(), host="orin-1"),
+        fake_summary("vgg16", 4, 0.40, [30.0] * 6, jetson=orin_env(), host="orin-1"),
+        fake_summary("vgg16", 4, 0.31, [30.0] * 6, jetson=orin_env(), host="orin-2")])
+    out = make_report(root)
+    with open(out / "summary.csv") as f:
+        assert [r["board"] for r in csv.DictReader(f)] == [f"{ORIN_NANO} @ orin-{k}" for k in (1, 1, 2)]
+
+
 def test_same_board_and_host_in_two_folders_stay_two_series(tmp_path, drawn):
     a = write_jobs(tmp_path / "monday", [fake_summary("alexnet", 2, 0.2, [50.0, 50.0])])
     b = write_jobs(tmp_path / "tuesday", [fake_summary("alexnet", 2, 0.3, [50.0, 50.0])])
