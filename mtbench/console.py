@@ -1,8 +1,9 @@
 """Short human-readable output on the terminal (rich)."""
 from __future__ import annotations
 
+import re
 import sys
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
 
 from rich.console import Console
 from rich.markup import escape
@@ -45,8 +46,10 @@ def print_summary(summary: Dict[str, Any], out_dir: str, compact: bool = False) 
                   f"p90 {_num(step.get('p90'), '.4f', ' s')}  ({summary['measured_steps']} steps)")
     table.add_row("throughput", _num(summary.get("throughput_samples_per_s"), ".2f", " samples/s"))
     cpu = summary.get("cpu_util_pct") or {}
-    per_core = " ".join(_num(c, ".0f") for c in cpu.get("per_core", []))
-    table.add_row("CPU util", f"{_num(cpu.get('mean'), '.1f', ' %')}  per core [{per_core}]")
+    per_core = " ".join(_num(c, ".0f") for c in cpu.get("per_core") or [])
+    by_type = cpu_by_core_type(summary)  # a Jetson: each core type apart (a TX2's Denver2 and A57 cores)
+    typed = f"  {core_types_line(by_type)}" if by_type else ""
+    table.add_row("CPU util", f"{_num(cpu.get('mean'), '.1f', ' %')}{typed}  per core [{per_core}]")
     gpu = summary.get("gpu_util_pct")
     table.add_row("GPU util", _num(gpu.get("mean"), ".1f", " %") if gpu else "not measured on this machine")
     power = summary.get("power_w")
@@ -63,6 +66,82 @@ def print_summary(summary: Dict[str, Any], out_dir: str, compact: bool = False) 
                                 f"({summary.get('budget_enforced_by')})")
     table.add_row("results", str(out_dir))
     console.print(table)
+
+
+# env.CPU_PARTS' core types as NVIDIA's data sheets and the paper name them (cortex-a57 -> A57)
+CORE_TYPE_NAMES = {"denver2": "Denver2", "carmel": "Carmel", "neoverse-v2": "Neoverse-V2"}
+
+
+def core_type_name(kind: str) -> str:
+    if kind in CORE_TYPE_NAMES:
+        return CORE_TYPE_NAMES[kind]
+    return kind[len("cortex-"):].upper() if kind.startswith("cortex-") else kind
+
+
+def core_ranges(cores: List[int]) -> str:
+    """[0, 3, 4, 5] -> '0,3-5'."""
+    spans: List[List[int]] = []
+    for c in sorted(cores):
+        if spans and c == spans[-1][1] + 1:
+            spans[-1][1] = c
+        else:
+            spans.append([c, c])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
+
+
+def per_core_numbers(summary: Dict[str, Any]) -> Optional[List[int]]:
+    """The CPU number of each entry of cpu_util_pct.per_core, or None where nothing says it. The procfs sensor's
+    fields (cpuN_busy_ticks, in per_core's order) say it: a core offline when sampling began (a TX2 power mode
+    turns the Denver2 cores off) is absent from /proc/stat and from per_core, so index and number can differ."""
+    per_core = (summary.get("cpu_util_pct") or {}).get("per_core") or []
+    for sensor in (summary.get("sampler") or {}).get("sensors") or []:
+        found = (re.fullmatch(r"cpu(\d+)_busy_ticks", str(f)) for f in (sensor or {}).get("fields") or [])
+        cores = [int(m.group(1)) for m in found if m]
+        if cores and len(cores) == len(per_core):
+            return cores
+    # a summary without the sensor's fields: env's online cores, where they are as many as the figures
+    online = [c.get("cpu") for c in _env_cores(summary) if c.get("online")]
+    return online if online and len(online) == len(per_core) else None
+
+
+def _env_cores(summary: Dict[str, Any]) -> List[Dict[str, Any]]:
+    jetson = (summary.get("env") or {}).get("jetson") or {}
+    return [c for c in jetson.get("cpu_cores") or [] if isinstance(c, dict) and isinstance(c.get("cpu"), int)]
+
+
+def cpu_by_core_type(summary: Dict[str, Any]) -> Optional[List[Dict[str, Any]]]:
+    """CPU utilization per core type, where env.jetson gives each core's type; None elsewhere.
+
+    [{"type": "denver2", "name": "Denver2", "cores": [1, 2], "pct": mean busy % of those cores or None}, ...] in
+    order of each type's first core; cores of unknown type (offline when env was read) come last, type None.
+    """
+    cores = _env_cores(summary)
+    if not any(c.get("type") for c in cores):
+        return None
+    per_core = (summary.get("cpu_util_pct") or {}).get("per_core") or []
+    numbers = per_core_numbers(summary)
+    pct_of = dict(zip(numbers, per_core)) if numbers else {}
+    members: Dict[Optional[str], List[Dict[str, Any]]] = {}
+    for core in sorted(cores, key=lambda c: c["cpu"]):
+        members.setdefault(core.get("type"), []).append(core)
+    groups = []
+    for kind, group in sorted(members.items(), key=lambda kv: (kv[0] is None, kv[1][0]["cpu"])):
+        cpus = [c["cpu"] for c in group]
+        pcts = [pct_of[c] for c in cpus if pct_of.get(c) is not None]
+        offline = not any(c.get("online") for c in group)
+        name = core_type_name(kind) if kind else ("offline" if offline else "unknown type")
+        groups.append({"type": kind, "name": name, "cores": cpus, "pct": sum(pcts) / len(pcts) if pcts else None})
+    return groups
+
+
+def core_types_line(groups: List[Dict[str, Any]]) -> str:
+    """'A57 (cores 0,3-5) 21 %, Denver2 (cores 1-2) 63 %' (an offline group: 'offline (cores 1-2)')."""
+    parts = []
+    for g in groups:
+        where = f"core{'s' if len(g['cores']) > 1 else ''} {core_ranges(g['cores'])}"
+        parts.append(f"{g['name']} ({where})" + ("" if g["type"] is None and g["pct"] is None
+                                                  else f" {_num(g['pct'], '.0f', ' %')}"))
+    return ", ".join(parts)
 
 
 def breakdown_line(summary: Dict[str, Any]) -> str:
