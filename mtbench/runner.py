@@ -284,7 +284,8 @@ def run_job(cfg: DictConfig, out_dir: Path, notify: Optional[Callable[[str, Any]
 
 
 def _run_locked(job: Job) -> Dict[str, Any]:
-    job.notify("started", {"device": str(job.device), "env": env.describe(job.device)})
+    job.notify("started", {"device": str(job.device),
+                           "env": env.describe(job.device, root=str(job.cfg.sampler.get("sysfs_root", "/")))})
     job.open_sampler()
     memory.release_memory(job.device)
     samples = None

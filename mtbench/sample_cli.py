@@ -166,7 +166,8 @@ def write(out, args, code, interrupted, samples, sampler, marks, status, t_start
         "mem_peak_bytes": int(max(v for v in rss if v == v)) if rss is not None and (rss == rss).any() else None,
         "mem_peak_source": "process_tree_rss_sampled",
         "sampler": {**sampler.stats(), "sensors": status},
-        "env": env.host(),
+        # the board, L4T release, power mode and core types on a Jetson (null elsewhere), as a job records them
+        "env": dict(env.host(), jetson=env.jetson(args.sysfs_root)),
     }
     if marks:
         header, rows = windows.step_rows(marks, samples, args.interval_ms)

@@ -186,3 +186,21 @@ def test_system_memory_peak_is_reported(tmp_path):
     with open(tmp_path / "samples.csv") as f:
         used = [float(r["sys_mem_used_bytes"]) for r in csv.DictReader(f)]
     assert max(used) == s["mem_system_peak_bytes"]
+
+
+def test_the_board_is_recorded_from_the_sysfs_root(tmp_path):
+    """Issue 9: mtbench-sample records the Jetson board and its core types, as a job does (reports group
+    per-core figures by type from them); a machine that is no Jetson records null."""
+    from tests.test_env_jetson import A57, DENVER2, TX2_RELEASE, make_jetson
+
+    root = tmp_path / "root"
+    make_jetson(root, "quill", TX2_RELEASE, [A57, DENVER2, DENVER2, A57, A57, A57], "17000000.gp10b", 2035200)
+    proc = sample("--sensors", "none", "--sysfs-root", str(root), "--out", str(tmp_path / "tx2"), "--", "true")
+    assert proc.returncode == 0, proc.stderr
+    board = json.loads((tmp_path / "tx2" / "summary.json").read_text())["env"]["jetson"]
+    assert board["board"] == "quill" and board["l4t"] == "32.7.1"
+    assert [c["type"] for c in board["cpu_cores"]].count("denver2") == 2
+    proc = sample("--sensors", "none", "--sysfs-root", str(tmp_path / "empty"), "--out", str(tmp_path / "pc"), "--",
+                  "true")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads((tmp_path / "pc" / "summary.json").read_text())["env"]["jetson"] is None
