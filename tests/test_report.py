@@ -101,7 +101,7 @@ OPS = [["name", "device", "calls", "total_s", "share_of_step_time", "power_w_gpu
 
 def test_profile_figure_shows_kernel_energy_beside_host_rows(tmp_path, monkeypatch):
     """Issue 8 item 12: on a GPU the kernel rows have energy, the host rows do not: energy was measured."""
-    from mtbench import report
+    from mtbench.report import figures as report
 
     job = tmp_path / "job"
     job.mkdir()

@@ -11,7 +11,8 @@ from typing import Any, Dict, List, Optional
 
 import pytest
 
-from mtbench import console, report
+from mtbench import console
+from mtbench.report import figures
 from mtbench.errors import UsageError
 from mtbench.report import make_report
 from mtbench.runner import run_job
@@ -133,7 +134,7 @@ def test_console_shows_the_core_types(capsys):
 def drawn(monkeypatch):
     """{figure file: [(label, xs, ys), ...] of every line in it}, taken as each figure is saved."""
     lines: Dict[str, List[tuple]] = {}
-    real = report._save
+    real = figures._save
 
     def save(fig, path):
         lines[path.name] = [(ln.get_label(), list(ln.get_xdata()), list(ln.get_ydata()))
@@ -141,7 +142,7 @@ def drawn(monkeypatch):
         lines[path.name + " bands"] = [len(ax.collections) for ax in fig.axes]
         return real(fig, path)
 
-    monkeypatch.setattr(report, "_save", save)
+    monkeypatch.setattr(figures, "_save", save)
     return lines
 
 

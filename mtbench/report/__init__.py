@@ -1,0 +1,12 @@
+"""`mtbench report DIR [DIR ...]`: the tables and figures of runs and sweeps (found recursively), keyed by board.
+
+summary.csv (one row per job, every scalar of summary.json flattened, failed jobs included), README.md with
+the tables, and PNG figures of the kinds the paper shows, per model across batch sizes, one series per
+(model, board) where the jobs ran on more than one board. A metric a machine did not measure is said to be
+"not measured on this machine" in its figure, never plotted as 0.
+"""
+from __future__ import annotations
+
+from mtbench.report.build import main, make_report
+
+__all__ = ["main", "make_report"]

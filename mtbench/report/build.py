@@ -1,0 +1,95 @@
+"""`mtbench report DIR [DIR ...]`: the command, its arguments and where the report goes."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, List, Optional
+
+from mtbench.errors import UsageError
+from mtbench.report.figures import (fig_energy, fig_memory, fig_memory_breakdown, fig_power, fig_profile, fig_time,
+                                    fig_utilization)
+from mtbench.report.jobs import assign_boards, by_model, find_summaries, has_batch, root_labels
+from mtbench.report.tables import csv_columns, readme
+from mtbench.results import atomic_write, csv_text
+
+
+def make_report(roots: Any, out: Optional[Path] = None) -> Path:
+    """The report of the jobs under one folder or several (e.g. one sweep per board); written to `out`, by default
+    DIR/report for one folder and the folders' common parent's report/ for several."""
+    roots = [Path(r) for r in (roots if isinstance(roots, (list, tuple)) else [roots])]
+    if not roots:
+        raise UsageError("report: give at least one run or multirun folder")
+    for root in roots:
+        if not root.is_dir():
+            raise UsageError(f"report: {root} is not a directory; give a run or multirun folder")
+    jobs = [j for root, label in zip(roots, root_labels(roots)) for j in find_summaries(root, label)]
+    if not jobs:
+        raise UsageError(f"report: no summary.json under {' '.join(str(r) for r in roots)}")
+    assign_boards(jobs)
+    if out is None:
+        out = roots[0] / "report" if len(roots) == 1 else default_out(roots)
+    out = Path(out)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"report: cannot write to {out} ({exc.strerror}); give another with --out DIR") from None
+    flat = [csv_columns(j) for j in jobs]
+    keys = list(dict.fromkeys(["job"] + [k for f in flat for k in f]))
+    rows = [[j["_dir"]] + [f.get(k) for k in keys[1:]] for j, f in zip(jobs, flat)]
+    atomic_write(out / "summary.csv", csv_text(keys, rows))
+    groups = by_model(jobs)
+    others = [j for j in jobs if not has_batch(j)]  # mtbench-sample runs: no batch axis
+    figures = [fig_power(groups, out, others)]
+    if groups:  # the figures across batch sizes
+        figures = [fig_time(groups, out), fig_utilization(groups, out)] + figures + [fig_energy(groups, out),
+                                                                                    fig_memory(groups, out)]
+        figures.append(fig_memory_breakdown(groups, out))
+    figures += [f for f in (fig_profile(j, Path(j["_root"]), out) for j in jobs if j.get("profiled")) if f]
+    atomic_write(out / "README.md", readme(jobs, figures))
+    return out
+
+
+def default_out(roots: List[Path]) -> Path:
+    """Several folders: report/ in their common parent (which holds them all), never the file system's root."""
+    common = Path(os.path.commonpath([os.path.abspath(r) for r in roots]))
+    if common == Path(common.anchor):
+        raise UsageError(f"report: {' '.join(str(r) for r in roots)} share no parent folder; give --out DIR")
+    return common / "report"
+
+
+USAGE = "usage: mtbench report DIR [DIR ...] [--out OUT]"
+
+
+def parse_args(args: List[str]) -> tuple:
+    """(folders, out or None) from `DIR [DIR ...] [--out OUT]`."""
+    dirs: List[str] = []
+    out: Optional[str] = None
+    i = 0
+    while i < len(args):
+        a = args[i]
+        if a == "--out" or a.startswith("--out="):
+            value = a[len("--out="):] if a.startswith("--out=") else (args[i + 1] if i + 1 < len(args) else "")
+            if not value or value.startswith("-"):
+                raise UsageError(f"report: --out needs a folder ({USAGE})")
+            out = value
+            i += 1 if a.startswith("--out=") else 2
+            continue
+        if a.startswith("-"):
+            raise UsageError(f"report: unknown option {a!r}; allowed: --out OUT, --help ({USAGE})")
+        dirs.append(a)
+        i += 1
+    if not dirs:
+        raise UsageError(f"report: give at least one run or multirun folder ({USAGE})")
+    return dirs, out
+
+
+def main(args: List[str]) -> None:
+    if "--help" in args or "-h" in args:
+        print(f"{USAGE}\n\nWrites summary.csv, README.md and figures of every job (summary.json) under each DIR, "
+              "a run or multirun folder, keyed by the board each job ran on (several DIRs: e.g. one sweep per "
+              "board). OUT: DIR/report/ for one DIR, the DIRs' common parent's report/ for several (see README: "
+              "Reports).")
+        return
+    dirs, out_arg = parse_args(args)
+    out = make_report([Path(d) for d in dirs], Path(out_arg) if out_arg else None)
+    print(f"report written to {out}")

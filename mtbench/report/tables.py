@@ -1,0 +1,79 @@
+"""The tables of a report: README.md's job and board tables and summary.csv's columns."""
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional
+
+from mtbench.console import cpu_by_core_type, core_types_line
+from mtbench.report.jobs import NOT_MEASURED, board_of, board_source, boards, flatten, has_batch, value_at
+
+
+def plan_cell(job: Dict[str, Any]) -> str:
+    """The memory plan a job ran under (memory_plan.label; `auto:` when auto chose it, `->` for each re-plan)."""
+    plan = job.get("memory_plan")
+    if not isinstance(plan, dict):
+        return "none"  # a summary from before memory plans: plain training
+    labels = [r.get("from") for r in plan.get("replans") or []] + [plan.get("label")]
+    return ("auto: " if plan.get("setting") == "auto" else "") + " -> ".join(str(x) for x in labels)
+
+
+def readme(jobs: List[Dict[str, Any]], figures: List[str]) -> str:
+    def cell(v: Optional[float], spec: str) -> str:
+        return "n/a" if v is None else format(v, spec)
+
+    typed = any(cpu_by_core_type(j) for j in jobs)  # a Jetson's core types: a column of CPU % per type
+    columns = ["job", "model", "batch", "device", "board", "data", "result", "step median s", "samples/s", "CPU %"]
+    columns += ["CPU % by core type"] if typed else []
+    columns += ["GPU %", "energy/step J", "peak memory MiB", "memory plan"]
+    lines = ["# mtbench report", "", f"{len(jobs)} job(s). n/a: {NOT_MEASURED} (or the job failed).", "",
+             "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    for j in jobs:
+        result = "ok" if j.get("success") else f"**{(j.get('failure') or {}).get('kind', 'failed')}**"
+        mem = value_at(j, "mem_peak_bytes")
+        by_type = cpu_by_core_type(j)
+        row = [f"| {j['_dir']}", str(j.get("model")), str(j.get("batch_size")), str(j.get("device")),
+               str(j.get("_board") or board_of(j)), str(j.get("data")), result,
+               cell(value_at(j, "step_time_s", "median"), ".4f"), cell(value_at(j, "throughput_samples_per_s"), ".2f"),
+               cell(value_at(j, "cpu_util_pct", "mean"), ".1f")]
+        row += [core_types_line(by_type) if by_type else "n/a"] if typed else []
+        row += [cell(value_at(j, "gpu_util_pct", "mean"), ".1f"), cell(value_at(j, "energy_j", "per_step_mean"), ".3f"),
+                cell(mem / 2**20 if mem else None, ".1f"), plan_cell(j)]
+        lines.append(" | ".join(row) + " |")
+    lines += ["", "## Boards", "", "| board | jobs | named from | L4T | power mode |", "|---|---|---|---|---|"]
+    for board in boards(jobs):
+        js = [j for j in jobs if (j.get("_board") or board_of(j)) == board]
+        sources = ", ".join(dict.fromkeys(j.get("_board_from") or board_source(j) for j in js))
+        lines.append(f"| {board} | {len(js)} | {sources} | {_jetson_cell(js, 'l4t')} | "
+                     f"{_jetson_cell(js, 'power_mode')} |")
+    unbatched = [j["_dir"] for j in jobs if not has_batch(j)]
+    if unbatched:
+        lines += ["", f"Without a batch size (`mtbench-sample` runs), in this table and the power figure only, not "
+                      f"on the batch-size axes: {', '.join(unbatched)}."]
+    failed = [j for j in jobs if not j.get("success")]
+    if failed:
+        lines += ["", "## Failed jobs", ""] + [f"- {j['_dir']}: {(j.get('failure') or {}).get('kind')}: "
+                                                f"{(j.get('failure') or {}).get('message')}" for j in failed]
+    lines += ["", "## Figures", ""] + [f"![{f}]({f})" for f in figures]
+    return "\n".join(lines) + "\n"
+
+
+def _jetson_cell(jobs: List[Dict[str, Any]], key: str) -> str:
+    """A Jetson field over a board's jobs: one value, or each value seen (a TX2 compared across power modes)."""
+    seen = []
+    for j in [j for j in jobs if isinstance((j.get("env") or {}).get("jetson"), dict)] or jobs:
+        value = ((j.get("env") or {}).get("jetson") or {}).get(key)
+        if isinstance(value, dict):  # power_mode: {"id": 0, "name": "MAXN"}
+            value = f"{value.get('name')} ({value.get('id')})"
+        text = "n/a" if value is None else str(value)
+        if text not in seen:
+            seen.append(text)
+    return ", ".join(seen)
+
+
+def csv_columns(job: Dict[str, Any]) -> Dict[str, Any]:
+    """One summary.csv row: the board, every scalar of summary.json, and the CPU % per core type where known."""
+    row = {"board": job.get("_board") or board_of(job)}
+    row.update(flatten({k: v for k, v in job.items() if not k.startswith("_")}))
+    for g in cpu_by_core_type(job) or []:
+        if g["type"] is not None:
+            row[f"cpu_util_pct.by_type.{g['type']}"] = None if g["pct"] is None else round(g["pct"], 3)
+    return row
