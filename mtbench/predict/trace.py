@@ -267,6 +267,7 @@ class _GlobalOnly:
     run backward and so never releases what it saved, then stays alive with its saved activations until Python's
     cyclic garbage collector happens to run. The trace saw those activations as live (MobileNetV2, 32x32, batch 32,
     recompute/auto: 563 MiB of activations at the peak instead of 111, a predicted peak above plain training's).
+    Known upstream: pytorch/pytorch#139214 (hooks registered again during checkpoint recomputation).
     """
 
     parents = {"Global"}
