@@ -11,9 +11,11 @@ own process, as `mtbench maxbatch` runs them. After the searches, each plan is t
 the budget, to show what the budget's allocator setting costs.
 
     python benchmarks/memory_plans.py [models=resnet50,vgg16,mobilenetv2,inceptionv1,squeezenet] [select=auto]
-                                      [image_size=16] [out=DIR]
+                                      [image_size=16] [out=DIR] [retime=MODEL,...]
 
-image_size: the CNNs' input size (VGG keeps 32: its five pools need it); 16 keeps a CPU run near 15 minutes.
+image_size: the CNNs' input size (VGG keeps 32: its five pools need it); at 32 (CIFAR's) a run of the 5 models took 13
+minutes on a quiet 2-vCPU VM with select=probes (82 jobs). retime=resnet50,...: the throughput jobs again, for these
+models, on the searches of the earlier run in out=DIR (a timing that another process disturbed).
 Goals: recompute >= 2x the plain largest batch on at least 4 of 5 models with throughput >= 0.7x; auto >= 4.33x on
 every model with throughput >= 0.7x. auto is probed first at ceil(4.33 x plain) (the goal); only when that does not
 fit is its largest batch searched below it, so "auto >= Nx" means the goal batch fitted (its true largest batch
@@ -164,9 +166,18 @@ def bench_model(model: str, prober: Prober, select: str, image_size: int) -> Dic
     auto["chosen_because"] = (at_goal.get("memory_plan") or {}).get("chosen_because")
     row["auto"] = auto
     row["search_seconds"] = time.monotonic() - began
-    # throughput, after the searches: each plan at its own largest batch, side by side, warm-up and several steps
+    time_plans(row, prober)
+    row["seconds"] = time.monotonic() - began
+    return row
+
+
+def time_plans(row: Dict[str, Any], prober: Prober) -> None:
+    """Throughput, after the searches: each plan at its own largest batch, one job after the other."""
+    model, n0 = row["model"], row["none"]["max_batch"]
+    base = [f"model={model}", "device=cpu", f"data.image_size={row['image_size']}"]
+    held = [*base, f"memory.budget_gb={row['budget_bytes'] / 2**30!r}"]
     for plan in ("none", "recompute", "auto"):
-        p = row[plan]
+        p = row.get(plan) or {}
         if p.get("max_batch"):
             label = "none" if plan == "none" else p.get("plan")
             p["timed"] = timed(prober, base, held, p["max_batch"], label, f"{model}/time-{plan}")
@@ -180,8 +191,7 @@ def bench_model(model: str, prober: Prober, select: str, image_size: int) -> Dic
     t = prober.run([*held, "memory.plan=none"], n0, f"{model}/time-none-held", **TIMED)
     held_tp = n0 / t["step_time_s"]["median"] if t.get("success") else None
     row["malloc_cost"] = {"held_samples_per_s": held_tp, "ratio": ratio(held_tp, row["none"]["throughput"])}
-    row["seconds"] = time.monotonic() - began
-    return row
+    row["timed_load_average"] = os.getloadavg()
 
 
 def ratio(a: Optional[float], b: Optional[float]) -> Optional[float]:
@@ -226,7 +236,7 @@ def print_table(rows: List[Dict[str, Any]]) -> None:
 
 
 def main(argv: List[str]) -> None:
-    opts = {"models": ",".join(MODELS), "select": "auto", "image_size": "16", "out": ""}
+    opts = {"models": ",".join(MODELS), "select": "auto", "image_size": "16", "out": "", "retime": ""}
     for a in argv:
         key, _, value = a.partition("=")
         if key not in opts:
@@ -236,6 +246,16 @@ def main(argv: List[str]) -> None:
     prober = Prober(out)
     began = time.monotonic()
     print(f"load average before: {os.getloadavg()}; probes in {out}", flush=True)
+    if opts["retime"]:  # the throughput jobs again for these models, on the searches of an earlier run in out=
+        rows = json.loads((out / "memory_plans.json").read_text())
+        for row in rows:
+            if row["model"] in opts["retime"].split(",") and row.get("none", {}).get("max_batch"):
+                print(f"{row['model']}: timed again", flush=True)
+                time_plans(row, prober)
+                row["retimed"] = True
+                (out / "memory_plans.json").write_text(json.dumps(rows, indent=2) + "\n")
+        print_table(rows)
+        return
     rows = []
     for model in opts["models"].split(","):
         print(f"{model}:", flush=True)
