@@ -13,8 +13,8 @@ the budget, to show what the budget's allocator setting costs.
     python benchmarks/memory_plans.py [models=resnet50,vgg16,mobilenetv2,inceptionv1,squeezenet] [select=auto]
                                       [image_size=16] [out=DIR] [retime=MODEL,...]
 
-image_size: the CNNs' input size (VGG keeps 32: its five pools need it); at 32 (CIFAR's) a run of the 5 models took 13
-minutes on a quiet 2-vCPU VM with select=probes (82 jobs). retime=resnet50,...: the throughput jobs again, for these
+image_size: the CNNs' input size (VGG keeps 32: its five pools need it); at 32 (CIFAR's) a run of the 5 models took 13-16
+minutes on a 2-vCPU VM with select=probes (82-90 jobs). retime=resnet50,...: the throughput jobs again, for these
 models, on the searches of the earlier run in out=DIR (a timing that another process disturbed).
 Goals: recompute >= 2x the plain largest batch on at least 4 of 5 models with throughput >= 0.7x; auto >= 4.33x on
 every model with throughput >= 0.7x. auto is probed first at ceil(4.33 x plain) (the goal); only when that does not
