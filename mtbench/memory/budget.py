@@ -10,7 +10,8 @@ from mtbench.memory.targets import Target
 # On CPU the budget is compared with the job's own memory: the process's resident high-water mark over the
 # measured steps (PeakMemory, "mem_peak_bytes") less what the process held before the model was built (torch and
 # its libraries: the runtime that the budget rule already took off the board's memory, see conf/target/tx2.yaml).
-# System RAM in use is not compared: other processes share it here.
+# System RAM in use is not compared: other processes share it here. A job held to a budget runs with glibc's mmap
+# threshold fixed (peak.hold_malloc_to_live_memory), so that its resident peak is what it holds.
 _PEAK_SOURCES = {
     "process_rss": "the process's resident high-water mark (VmHWM) over the measured steps",
     "process_ru_maxrss": "the process's lifetime resident peak (ru_maxrss)",
@@ -36,7 +37,11 @@ def apply_budget(target: Target, device: torch.device) -> Dict[str, Any]:
     if budget is None:
         return {"budget_bytes": None, "budget_enforced_by": None}
     if device.type != "cuda":
-        return {"budget_bytes": budget, "budget_enforced_by": "peak_check"}
+        # a board trains on its GPU, whose caching allocator reserves about what the tensors need; glibc's dynamic
+        # mmap threshold would add hundreds of MiB of freed heap kept resident, which no board's budget pays
+        from mtbench.memory.peak import hold_malloc_to_live_memory
+
+        return {"budget_bytes": budget, "budget_enforced_by": "peak_check", "cpu_malloc": hold_malloc_to_live_memory()}
     total = torch.cuda.get_device_properties(device).total_memory
     if budget >= total:
         # nothing to emulate: this GPU runs out before the board would; an OOM here is the GPU's own

@@ -57,6 +57,34 @@ def release_memory(device: torch.device) -> None:
             pass
 
 
+M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter (malloc.h)
+MMAP_THRESHOLD_BYTES = 128 * 1024  # glibc's own initial threshold, here kept fixed
+
+
+def hold_malloc_to_live_memory() -> Dict[str, Any]:
+    """Make the process's resident memory follow the memory it holds: glibc's mmap threshold fixed at 128 KiB.
+
+    glibc serves an allocation above the threshold with a mapping of its own, returned to the kernel when freed;
+    below it, from its heaps, which keep freed memory resident for reuse. The threshold is dynamic by default: every
+    freed mapping raises it to that size (up to 32 MiB), so after a training step's first tensors are freed, tensors
+    of up to 32 MiB come from the heaps, whose high-water mark then holds every hole the step's frees leave in it.
+    Measured here (ResNet-50, 32x32, batch 16, CPU): a resident peak 964 MiB above the runtime with the dynamic
+    threshold, 694 MiB with it fixed, for 615 MiB of tensors at the peak. `mallopt` fixes it (and turns the
+    dynamic adjustment off) for the rest of the process; large tensors then cost a page fault per page every
+    time they are made. Returns what was set, for summary.json, or why nothing was (not glibc)."""
+    if not sys.platform.startswith("linux"):
+        return {"mmap_threshold_bytes": None, "note": f"not set: {sys.platform} has no glibc"}
+    try:
+        ok = ctypes.CDLL("libc.so.6").mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
+    except (OSError, AttributeError) as exc:
+        return {"mmap_threshold_bytes": None, "note": f"not set: no glibc mallopt ({exc})"}
+    if ok != 1:
+        return {"mmap_threshold_bytes": None, "note": "not set: mallopt(M_MMAP_THRESHOLD) refused"}
+    return {"mmap_threshold_bytes": MMAP_THRESHOLD_BYTES,
+            "note": "glibc's mmap threshold fixed (mallopt): freed tensors above it go back to the kernel, so the "
+                    "resident peak counts what the job holds, not what glibc keeps for reuse"}
+
+
 class PeakMemory:
     """`reset()` just before the measured steps, `read()` after them."""
 

@@ -146,46 +146,13 @@ def job_predictor(cfg: Any, device_type: str, budget_bytes: int) -> Any:
     return predictor
 
 
-class _NoFlops:
-    """Stands in for FlopCounterMode in a memory-only trace (counts nothing)."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        pass
-
-    def __enter__(self) -> "_NoFlops":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        return None
-
-    def get_total_flops(self) -> int:
-        return 0
-
-
 def predict_plan(predictor: Any, model: str, batch: int, plan: MemoryPlan) -> Any:
-    """The predictor's prediction of one step under `plan`. A recompute plan is traced twice: torch's
-    FlopCounterMode, active in the predictor's trace, keeps the checkpointed activations alive (measured here:
-    MobileNetV2 at batch 32, 27 MiB of activations at the peak without it, 135 MiB with it), so its peak comes
-    from a second trace without FLOP counting, and its FLOPs and time from the first."""
-    import torch.utils.flop_counter as flop_counter
-
+    """The predictor's prediction of one step under `plan` (its workloads are made with the plan set)."""
     from mtbench.memory.plan import default_plan
 
     predictor._traces.clear()  # traces are cached by (model, batch): one per plan
     with default_plan(plan):
-        timed = predictor.predict(model, batch)
-        if not plan.segments:
-            return timed
-        predictor._traces.clear()
-        counter = flop_counter.FlopCounterMode
-        flop_counter.FlopCounterMode = _NoFlops  # type: ignore[misc,assignment]
-        try:
-            memory = predictor.predict(model, batch)
-        finally:
-            flop_counter.FlopCounterMode = counter  # type: ignore[misc]
-    return dataclasses.replace(timed, tensors_bytes=memory.tensors_bytes, breakdown_bytes=memory.breakdown_bytes,
-                               allocator_reserved_bytes=memory.allocator_reserved_bytes,
-                               peak_bytes=memory.peak_bytes, fits=memory.fits)
+        return predictor.predict(model, batch)
 
 
 def probe_step(workload: Any, plan: MemoryPlan, device: torch.device, runtime_bytes: Optional[int],
