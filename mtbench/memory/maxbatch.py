@@ -215,8 +215,6 @@ def main(argv: Optional[List[str]] = None, prober: Optional[Callable[[List[str],
 
 
 def write(out: Path, results: List[Search], fixed: List[str], target: str, args: argparse.Namespace) -> None:
-    from mtbench.memory.targets import load_target
-
     out.mkdir(parents=True, exist_ok=True)
     doc = {
         "schema": SCHEMA,
