@@ -89,6 +89,7 @@ class Workload(abc.ABC):
         if self.memory_plan.microbatch <= 1:
             loss = loss_of(*batch)
             loss.backward()
+            plans.restore_running_stats()  # torch 2.0 under recompute: BatchNorm's statistics updated once
             return loss.detach()
         return plans.accumulate_backward(loss_of, batch, self.memory_plan.microbatch, batch_dim)
 

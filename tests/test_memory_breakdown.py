@@ -11,6 +11,12 @@ import torch.nn.functional as F
 from mtbench.memory.breakdown import PARTS, breakdown_bytes, fragmentation_bytes
 
 CPU = torch.device("cpu")
+try:
+    from torch.distributed._tools.mem_tracker import MemTracker  # noqa: F401
+    HAS_TRACKER = True
+except ImportError:  # torch < 2.5 (JetPack 5/6): the breakdown is null with the reason (tested below)
+    HAS_TRACKER = False
+needs_tracker = pytest.mark.skipif(not HAS_TRACKER, reason="MemTracker needs torch >= 2.5")
 
 
 class TinyCNN:
@@ -55,6 +61,7 @@ def _measured(workload) -> dict:
     return out
 
 
+@needs_tracker
 def test_parts_add_up_to_the_tracked_peak_within_2_percent():
     out = _measured(TinyCNN(8))
     total = sum(out[p] for p in PARTS)
@@ -63,6 +70,7 @@ def test_parts_add_up_to_the_tracked_peak_within_2_percent():
     assert out["tool"].startswith("torch.distributed._tools.mem_tracker.MemTracker")
 
 
+@needs_tracker
 def test_activations_grow_linearly_with_batch():
     batches = (4, 8, 16)
     acts = [_measured(TinyCNN(b))["activations"] for b in batches]
@@ -75,6 +83,7 @@ def test_activations_grow_linearly_with_batch():
     assert slope >= 2 * 8 * 32 * 32 * 4
 
 
+@needs_tracker
 def test_parameters_optimizer_state_and_inputs_are_exact_for_fp32():
     workload = TinyCNN(4)
     out = _measured(workload)
@@ -85,6 +94,7 @@ def test_parameters_optimizer_state_and_inputs_are_exact_for_fp32():
     assert out["inputs"] == held  # every batch the workload prepared, not only the one in use
 
 
+@needs_tracker
 def test_a_network_called_twice_in_one_step_is_tracked():
     out = _measured(TwiceCalled(4))
     assert out["activations"] > _measured(TinyCNN(4))["activations"]
@@ -97,6 +107,7 @@ def test_older_torch_gives_null_with_the_reason(monkeypatch):
     assert "needs torch >= 2.5" in reason and torch.__version__ in reason
 
 
+@needs_tracker
 def test_a_failing_step_gives_null_with_the_error():
     workload = TinyCNN(2)
 
@@ -113,6 +124,7 @@ def test_fragmentation_is_reserved_minus_allocated_on_cuda_only():
     assert fragmentation_bytes({"mem_peak_bytes": 100, "mem_peak_source": "process_rss"}) is None
 
 
+@needs_tracker
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_cuda_breakdown_matches_the_allocator_peak():
     class OnCuda(TinyCNN):
@@ -143,6 +155,7 @@ class WideMLP(TinyCNN):
         self.i = 0
 
 
+@needs_tracker
 def test_optimizer_update_temporaries_are_other_not_state(monkeypatch):
     from mtbench.memory import breakdown
 
@@ -162,6 +175,7 @@ def _measured_with(workload, monkeypatch, breakdown) -> dict:
         return _measured(workload)
 
 
+@needs_tracker
 def test_the_tracked_step_leaves_nothing_alive():
     # MemTracker's module hooks form a cycle through the autograd graph that gc cannot see; without removing
     # them the first layer's weights outlive the workload (the next job in the process then reads their memory)

@@ -77,6 +77,23 @@ def test_recompute_gives_the_gradients_of_plain_training(segments):
         assert torch.allclose(plain[name], recomputed[name], atol=1e-6, rtol=1e-5), name
 
 
+def test_without_context_fn_running_statistics_are_still_updated_once(monkeypatch):
+    """torch 2.0 (JetPack 5.1) has no checkpoint(context_fn=...): the recomputation updates BatchNorm's running
+    statistics a second time, and the plan puts back what the forward made of them after the backward pass (here
+    the newer torch is made to take that path; with micro-batches too, each micro-batch's update is kept)."""
+    from mtbench.memory import plan
+
+    w = workload(batchnorm=True, dropout=0.5)
+    plain = grads_after_step(w, NONE)
+    micro = grads_after_step(w, MemoryPlan(microbatch=2))
+    monkeypatch.setattr(plan, "CONTEXT_FN", False)
+    for reference, planned in ((plain, MemoryPlan(segments=2)), (micro, MemoryPlan(segments=2, microbatch=2))):
+        recomputed = grads_after_step(w, planned)
+        for name in reference:
+            assert torch.allclose(reference[name], recomputed[name], atol=1e-6, rtol=1e-5), (planned, name)
+    assert not plan._AFTER_FORWARD
+
+
 def test_microbatches_give_the_gradients_of_the_full_batch_without_batchnorm():
     w = workload(batchnorm=False)
     full = grads_after_step(w, NONE)

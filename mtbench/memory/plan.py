@@ -193,10 +193,24 @@ def partition(profile: BlockProfile, segments: int) -> List[Tuple[int, int]]:
     return options[-1]
 
 
+# torch 2.0 (no context_fn): each recomputed segment's running statistics as its forward left them, put back by
+# restore_running_stats() once the backward pass (which recomputed the segment) is over
+_AFTER_FORWARD: List[_KeepRunningStats] = []
+
+
+def restore_running_stats() -> None:
+    """After a backward pass on torch 2.0: BatchNorm's running statistics back to what the forward made of them
+    (the recomputation updated them again); nothing to do on torch >= 2.1, where the recomputation keeps them."""
+    while _AFTER_FORWARD:
+        _AFTER_FORWARD.pop().__exit__(None, None, None)
+
+
 def forward_segments(blocks: Sequence[nn.Module], runs: Sequence[Tuple[int, int]], x: torch.Tensor) -> torch.Tensor:
     """x through the blocks, each run of blocks a non-reentrant checkpoint: its activations are dropped after the
     forward and recomputed from its input in the backward pass (Chen et al. 2016; torch.utils.checkpoint).
-    BatchNorm's running statistics are updated once per step (torch >= 2.1; see CONTEXT_FN)."""
+    BatchNorm's running statistics are updated once per step: on torch >= 2.1 the recomputation runs under
+    _KeepRunningStats (CONTEXT_FN); on torch 2.0 they are copied after the forward and put back after the
+    backward pass (Workload.planned_backward calls restore_running_stats)."""
     if not torch.is_grad_enabled():
         return _segment_fn(blocks)(x)
     for start, end in runs:
@@ -205,6 +219,11 @@ def forward_segments(blocks: Sequence[nn.Module], runs: Sequence[Tuple[int, int]
         if CONTEXT_FN:
             kwargs["context_fn"] = lambda part=part: (contextlib.nullcontext(), _KeepRunningStats(part))
         x = checkpoint(_segment_fn(part), x, **kwargs)
+        if not CONTEXT_FN:
+            keep = _KeepRunningStats(part)
+            if keep.norms:
+                keep.__enter__()  # the statistics this forward made
+                _AFTER_FORWARD.append(keep)
     return x
 
 
@@ -231,6 +250,7 @@ def accumulate_backward(loss_of: Callable[..., torch.Tensor], tensors: Sequence[
         chunk = [t[tuple(index)] if isinstance(t, torch.Tensor) else t for t in tensors]
         loss = loss_of(*chunk) * ((part.stop - part.start) / batch)
         loss.backward()
+        restore_running_stats()
         total = loss.detach() if total is None else total + loss.detach()
     assert total is not None
     return total
