@@ -73,16 +73,20 @@ def test_ctrl_c_writes_an_interrupted_summary_and_exits_130(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "mtbench", "model=vgg16", "batch=8", "device=cpu", "warmup=0",
                              "steps=500", f"hydra.run.dir={tmp_path}"], cwd=REPO, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    # VGG16's 134M parameters (0.54 GB) are built inside the job's process: past 1 GB of RSS the job is running
+    # the job's process starts its sampling process just before it builds the model: wait for that one
     deadline = time.monotonic() + 180
 
-    def job_rss() -> int:
-        return sum(c.memory_info().rss for c in psutil.Process(proc.pid).children())
+    def sampling() -> bool:
+        try:
+            return any("mtbench.sampling.process" in " ".join(c.cmdline())
+                       for c in psutil.Process(proc.pid).children(recursive=True))
+        except psutil.Error:  # a process of the tree ended between the listing and the reading
+            return False
 
-    while job_rss() < 1_000_000_000 and time.monotonic() < deadline:
+    while not sampling() and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert time.monotonic() < deadline, "the job's process never built VGG16"
-    time.sleep(1.0)
+    assert sampling(), "the job's process never started its sampler"
+    time.sleep(2.0)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err
