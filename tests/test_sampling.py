@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from mtbench.sampling import Sampler, SensorUnavailable, aggregate, open_sensors
-from mtbench.sampling.procfs import ProcfsSensor, parse_meminfo, parse_proc_stat
+from mtbench.sampling.procfs import ProcfsSensor, parse_meminfo, parse_proc, parse_proc_stat
 from mtbench.sampling.sampler import Samples, StepMark
 from mtbench.sampling.sensor import COUNTER, GAUGE, Field
 from mtbench.sampling.windows import cpu_utilization, process_cpu_pct, summarize, system_memory_peak_bytes
@@ -154,3 +154,38 @@ def test_benchmark_times_whole_steps_not_launches():
             time.sleep(max(0.0, queue.pop(0) - time.perf_counter()))
 
     assert timed_steps(Step(), 5, sync) >= 0.019
+
+
+def test_process_cpu_from_its_clock_agrees_with_proc_pid_stat():
+    # the sensor reads the process's CPU clock (ns, one call); /proc/<pid>/stat floors the same time to ticks
+    child = subprocess.Popen([sys.executable, "-c", CHILD, "1.0", "0.3"], stdout=subprocess.PIPE, text=True)
+    child.stdout.readline()
+    child.stdout.readline()  # its loop is over: its CPU time stands still while it exits
+    sensor = ProcfsSensor(pid=child.pid)
+    ticks = sensor.read()[[f.name for f in sensor.fields()].index("proc_cpu_ticks")]
+    with open(f"/proc/{child.pid}/stat", "rb") as f:
+        from_stat = parse_proc(f.read(), b"0 0")[0]
+    child.wait()
+    sensor.close()
+    assert from_stat <= ticks < from_stat + 2  # utime and stime are each floored to a tick
+
+
+def test_a_procfs_mounted_elsewhere_is_read_from_its_files_and_a_cut_line_is_none(tmp_path):
+    # the host's procfs mounted in a container: its pids are not this namespace's, so no CPU clock is used
+    (tmp_path / "123").mkdir()
+    cpu1 = b"cpu1 10 0 10 80 0 0 0 0 0 0\n"
+    (tmp_path / "stat").write_bytes(b"cpu  30 0 20 150 0 0 0 0 0 0\ncpu0 20 0 10 70 0 0 0 0 0 0\n" + cpu1 + b"intr 1 2 3\n")
+    (tmp_path / "meminfo").write_bytes(b"MemTotal: 1000 kB\nMemFree: 100 kB\nMemAvailable: 400 kB\nBuffers: 1 kB\n")
+    (tmp_path / "123" / "stat").write_bytes(b"123 (a b) S 1 " + b"0 " * 9 + b"7 5 0 0 20 0 1\n")  # utime 7, stime 5
+    (tmp_path / "123" / "statm").write_bytes(b"100 30 0 0 0 0 0\n")
+    sensor = ProcfsSensor(proc_root=str(tmp_path), pid=123)
+    names = [f.name for f in sensor.fields()]
+    values = dict(zip(names, sensor.read()))
+    assert values["cpu1_busy_ticks"] == 20 and values["cpu1_total_ticks"] == 100
+    assert values["proc_cpu_ticks"] == 12 and values["sys_mem_used_bytes"] == 600 * 1024
+    # counters that grew more digits than the sensor leaves room for: the cut line gives None, never a wrong count
+    (tmp_path / "stat").write_bytes(b"cpu  30 0 20 150 0 0 0 0 0 0\ncpu0 20 0 10 70 0 0 0 0 0 0\n"
+                                    + cpu1.replace(b" 80 ", b" 8" + b"0" * 100 + b" ") + b"intr 1 2 3\n")
+    values = dict(zip(names, sensor.read()))
+    sensor.close()
+    assert values["cpu0_busy_ticks"] == 30 and values["cpu1_busy_ticks"] is None

@@ -4,20 +4,62 @@ from procfs.
 /proc/stat counts in USER_HZ ticks (100 per second): one 5 ms sample of one core reads 0 or 100 %, so
 per-core utilization is only meaningful as a tick delta over a window (a step, or >= 50 ms); the sampler
 keeps the cumulative counters and the aggregation differences them at the window edges.
+
+What one sample costs is the training's loss (the sampler preempts it 200 times a second), and it is the
+kernel's work more than Python's: on a 2-core VM under load each file read costs ~30 µs of a cold kernel path
+(each ~0.7 % of a core at 5 ms), as much as the wake-up itself. So a single process's CPU time comes from its
+CPU clock (clock_gettime on the process's clock id: one call, ns, all threads) rather than from formatting the
+52 fields of /proc/<pid>/stat, and only the heads of /proc/stat and /proc/meminfo that are parsed are kept.
 """
 from __future__ import annotations
 
 import os
-from typing import Dict, List, Optional, Tuple
+import time
+from typing import Dict, List, Optional, Tuple, Union
 
 from mtbench.sampling.sensor import COUNTER, GAUGE, Field, Sensor, SensorUnavailable
 
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+DIGITS_GROWTH = 24  # characters a line of counters may gain over a run (10 numbers, each a digit or two)
+PID_FILE_BYTES = 4096  # /proc/<pid>/stat (52 numbers and a name) and statm: pread returns only what is there
 
 
 def _read(fd: int) -> bytes:
     # procfs files are regenerated on each read from offset 0; pread avoids a separate seek call.
     return os.pread(fd, 1 << 16, 0)
+
+
+def _cpu_clock(proc_root: str, pid: Optional[int]) -> Optional[int]:
+    """The clock that counts the process's CPU time (all its threads, in ns): one system call, against
+    /proc/<pid>/stat's formatting of 52 fields. None where procfs is not this namespace's /proc (a host's
+    procfs mounted elsewhere: its pids are not ours) or the clock cannot be read: then stat is read."""
+    if os.path.realpath(proc_root) != "/proc" or not hasattr(time, "clock_gettime_ns"):
+        return None
+    # a process's CPU clock id, as clock_getcpuclockid(3) makes it: ~pid << 3 | CPUCLOCK_SCHED
+    clock = time.CLOCK_PROCESS_CPUTIME_ID if pid is None else (~pid << 3) | 2
+    try:
+        time.clock_gettime_ns(clock)
+    except OSError:
+        return None
+    return clock
+
+
+def _line_end(text: bytes, prefix: bytes) -> int:
+    """The offset just past the line of `text` that starts with `prefix` (its newline included)."""
+    start = 0 if text.startswith(prefix) else text.find(b"\n" + prefix) + 1
+    end = text.find(b"\n", start)
+    return len(text) if end < 0 else end + 1
+
+
+def _head_size(end: int, lines: int) -> int:
+    """Bytes to read so that the first `end` bytes of a file, `lines` lines of counters, are still read whole
+    after each line's numbers have grown by DIGITS_GROWTH characters (a counter that passes a power of ten)."""
+    return end + lines * DIGITS_GROWTH
+
+
+def _whole_lines(text: bytes, size: int) -> bytes:
+    """`text` read with at most `size` bytes, without a last line that the size may have cut."""
+    return text[: text.rfind(b"\n") + 1] if len(text) >= size else text
 
 
 def parse_proc_stat(text: bytes) -> List[tuple]:
@@ -135,7 +177,9 @@ class _TreeLedger:
 
 class ProcfsSensor(Sensor):
     """Per-core busy/total ticks (counters), the CPU ticks (counter) and RSS (gauge) of one process, and the
-    system memory in use (gauge, MemTotal - MemAvailable from /proc/meminfo).
+    system memory in use (gauge, MemTotal - MemAvailable from /proc/meminfo). One process's CPU ticks come
+    from its CPU clock, so they carry the fraction of a tick (the same count /proc/<pid>/stat floors); where
+    procfs is not this namespace's /proc, from <proc_root>/<pid>/stat.
 
     With `tree=True`, of a process and all its descendants: the live ones are found again every
     `TREE_REFRESH` reads, and each member counts its own time plus its waited-for children's (cutime and
@@ -158,15 +202,26 @@ class ProcfsSensor(Sensor):
         except OSError as exc:
             raise SensorUnavailable(f"cannot open {exc.filename}: {exc.strerror}") from None
         self._ledger = _TreeLedger(pid or 0)  # decode's state in tree mode
+        self._statm_fd = self._procs[pid or 0].statm_fd
+        self._cpu_clock = None if tree else _cpu_clock(proc_root, pid)
         self._reads = 0
-        self._cores = [c for c, _, _ in parse_proc_stat(_read(self._stat_fd))]
+        text = _read(self._stat_fd)
+        self._cores = [c for c, _, _ in parse_proc_stat(text)]
         if not self._cores:
             raise SensorUnavailable(f"{self._stat_path} lists no cpuN lines")
+        # the samples keep the bytes read until the run ends: only the cpu lines of /proc/stat (not its interrupt
+        # counts, kilobytes on a Jetson), with room for their numbers to grow a few digits
+        end = text.find(b"\nintr")
+        self._stat_size = _head_size(end if end >= 0 else len(text), len(self._cores) + 1)
         try:  # kept open and pread like /proc/stat; parsed in decode, after the run
             self._meminfo_fd: Optional[int] = os.open(os.path.join(proc_root, "meminfo"), os.O_RDONLY)
-            if parse_meminfo(_read(self._meminfo_fd)) is None:
+            meminfo = _read(self._meminfo_fd)
+            if parse_meminfo(meminfo) is None:
                 os.close(self._meminfo_fd)
                 self._meminfo_fd = None
+            else:  # MemTotal and MemAvailable are among its first lines: read up to the later of them
+                end = max(_line_end(meminfo, b"MemTotal:"), _line_end(meminfo, b"MemAvailable:"))
+                self._meminfo_size = _head_size(end, meminfo[:end].count(b"\n"))
         except OSError:
             self._meminfo_fd = None
         self._fields = []
@@ -221,8 +276,20 @@ class ProcfsSensor(Sensor):
                     pass
 
     def read_raw(self):
-        """The cpuN lines of /proc/stat, each watched process's raw files (None: it has exited) and
+        """Without `tree`: the head of /proc/stat, the process's CPU time (ns) and statm (None for both once it
+        has exited) and the head of /proc/meminfo (None when not read); as few calls as can be, each cheap.
+        With `tree`: the cpuN lines of /proc/stat, each watched process's raw files (None: it has exited) and
         /proc/meminfo's bytes (None when not read)."""
+        if not self.tree:
+            stat = os.pread(self._stat_fd, self._stat_size, 0)
+            try:
+                cpu = (time.clock_gettime_ns(self._cpu_clock) if self._cpu_clock is not None
+                       else os.pread(self._procs[self.pid or 0].stat_fd, PID_FILE_BYTES, 0))
+                statm: Optional[bytes] = os.pread(self._statm_fd, PID_FILE_BYTES, 0)
+            except OSError:  # the process has exited (its clock is gone: EINVAL; its files: ESRCH)
+                cpu = statm = None
+            meminfo = os.pread(self._meminfo_fd, self._meminfo_size, 0) if self._meminfo_fd is not None else None
+            return stat, cpu, statm, meminfo
         text = _read(self._stat_fd)
         end = text.find(b"\nintr")  # the cpu lines come first; the long interrupt line is not needed
         if self.tree and self._reads % self.TREE_REFRESH == 0:
@@ -240,6 +307,8 @@ class ProcfsSensor(Sensor):
         return (text if end < 0 else text[:end]), procs, meminfo
 
     def decode(self, raw) -> List[Optional[float]]:
+        if not self.tree:
+            return self._decode_one(*raw)
         text, procs, meminfo = raw
         out: List[Optional[float]] = []
         by_core = {c: (b, t) for c, b, t in parse_proc_stat(text)}
@@ -261,6 +330,25 @@ class ProcfsSensor(Sensor):
             out += self._ledger.add_sample(procs)
         if self._meminfo_fd is not None:
             out.append(parse_meminfo(meminfo) if meminfo is not None else None)
+        return out
+
+    def _decode_one(self, stat: bytes, cpu: Union[int, bytes, None], statm: Optional[bytes],
+                    meminfo: Optional[bytes]) -> List[Optional[float]]:
+        by_core = {c: (b, t) for c, b, t in parse_proc_stat(_whole_lines(stat, self._stat_size))}
+        out: List[Optional[float]] = []
+        for c in self._cores:
+            out += list(by_core.get(c, (None, None)))  # a core taken offline: None, not 0
+        try:
+            rss: Optional[int] = int(statm.split()[1]) * PAGE_SIZE if statm is not None else None
+            if isinstance(cpu, bytes):
+                ticks: Optional[float] = float(parse_proc(cpu, statm)[0]) if statm is not None else None
+            else:  # the CPU clock counts nanoseconds: in ticks, as /proc/<pid>/stat says them, with the fraction
+                ticks = cpu * USER_HZ / 1e9 if cpu is not None else None
+        except (IndexError, ValueError):
+            ticks = rss = None
+        out += [ticks, rss]
+        if self._meminfo_fd is not None:
+            out.append(parse_meminfo(_whole_lines(meminfo, self._meminfo_size)) if meminfo is not None else None)
         return out
 
     def close(self) -> None:
