@@ -71,7 +71,14 @@ class KillsTheSampler(BusyLoop):
 
 
 def _sampling_processes() -> List[psutil.Process]:
-    return [p for p in psutil.Process().children() if PROCESS_TITLE in " ".join(p.cmdline())]
+    out = []
+    for p in psutil.Process().children():
+        try:
+            if PROCESS_TITLE in " ".join(p.cmdline()):
+                out.append(p)
+        except (psutil.ZombieProcess, psutil.NoSuchProcess):  # another test's child, ending: not ours
+            pass
+    return out
 
 
 def test_samples_come_back_complete_and_in_order():
@@ -98,6 +105,7 @@ def test_samples_come_back_complete_and_in_order():
     assert samples.columns["proc_rss_bytes"][-1] > 50e6  # this pytest process, with torch imported
     assert sampler.stop() is samples  # a second stop changes nothing
     assert _sampling_processes() == []  # it has exited and been reaped
+    assert sampler.pid not in [p.pid for p in psutil.Process().children()]
 
 
 @pytest.mark.parametrize("duty", [1.0, 0.5])
