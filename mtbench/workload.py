@@ -87,9 +87,11 @@ class Workload(abc.ABC):
         """loss_of(*batch).backward(), in micro-batches under a micro-batch plan (gradients accumulated; the caller
         then makes one optimizer update). loss_of must return the mean loss over the samples it is given."""
         if self.memory_plan.microbatch <= 1:
-            loss = loss_of(*batch)
-            loss.backward()
-            plans.restore_running_stats()  # torch 2.0 under recompute: BatchNorm's statistics updated once
+            try:
+                loss = loss_of(*batch)
+                loss.backward()
+            finally:  # torch 2.0 under recompute: BatchNorm's statistics updated once, even by a step that fails
+                plans.restore_running_stats()
             return loss.detach()
         return plans.accumulate_backward(loss_of, batch, self.memory_plan.microbatch, batch_dim)
 

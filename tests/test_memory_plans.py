@@ -94,6 +94,31 @@ def test_without_context_fn_running_statistics_are_still_updated_once(monkeypatc
     assert not plan._AFTER_FORWARD
 
 
+def test_without_context_fn_a_failed_backward_leaves_no_stale_statistics(monkeypatch):
+    """A step that fails between its forward and the end of its backward (an OOM that a plan probe survives) must not
+    leave its copies behind: the next step's statistics would be overwritten by them."""
+    from mtbench.memory import plan
+
+    w = workload(batchnorm=True)
+    plain = grads_after_step(w, NONE)
+    monkeypatch.setattr(plan, "CONTEXT_FN", False)
+    broken = copy.deepcopy(w)
+    broken.set_memory_plan(MemoryPlan(segments=2))
+    real_backward = torch.Tensor.backward
+
+    def failing_backward(self, *args, **kwargs):
+        raise RuntimeError("DefaultCPUAllocator: can't allocate memory")
+
+    monkeypatch.setattr(torch.Tensor, "backward", failing_backward)
+    with pytest.raises(RuntimeError):
+        broken.step()
+    monkeypatch.setattr(torch.Tensor, "backward", real_backward)
+    assert not plan._AFTER_FORWARD
+    recomputed = grads_after_step(w, MemoryPlan(segments=2))
+    for name in plain:
+        assert torch.allclose(plain[name], recomputed[name], atol=1e-6, rtol=1e-5), name
+
+
 def test_microbatches_give_the_gradients_of_the_full_batch_without_batchnorm():
     w = workload(batchnorm=False)
     full = grads_after_step(w, NONE)

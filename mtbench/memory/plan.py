@@ -248,9 +248,11 @@ def accumulate_backward(loss_of: Callable[..., torch.Tensor], tensors: Sequence[
     for part in microbatch_slices(batch, microbatch):
         index = [slice(None)] * batch_dim + [part]
         chunk = [t[tuple(index)] if isinstance(t, torch.Tensor) else t for t in tensors]
-        loss = loss_of(*chunk) * ((part.stop - part.start) / batch)
-        loss.backward()
-        restore_running_stats()
+        try:
+            loss = loss_of(*chunk) * ((part.stop - part.start) / batch)
+            loss.backward()
+        finally:  # also after a failed micro-batch (an OOM a probe survives): no stale copies for the next step
+            restore_running_stats()
         total = loss.detach() if total is None else total + loss.detach()
     assert total is not None
     return total
