@@ -122,3 +122,24 @@ def test_a_cpu_job_held_to_a_budget_is_not_charged_for_what_malloc_keeps():
 
     assert kept_mib("held") < 20  # the one live 8 MiB tensor and small change
     assert kept_mib("default") > 60  # the control: glibc's default keeps the freed 72 MiB
+
+
+def test_a_preloaded_allocator_is_said_not_glibc(tmp_path):
+    """With jemalloc or tcmalloc put in front of glibc (LD_PRELOAD), glibc's mallopt answers 1 and changes nothing:
+    the summary must not claim the threshold was fixed. A two-line interposer stands for them here."""
+    import shutil
+    import subprocess
+
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None or not sys.platform.startswith("linux"):
+        pytest.skip("needs a C compiler on Linux to build the interposer")
+    (tmp_path / "shim.c").write_text("#include <stddef.h>\nextern void *__libc_malloc(size_t);\n"
+                                     "void *malloc(size_t n) { return __libc_malloc(n); }\n")
+    subprocess.run([cc, "-shared", "-fPIC", "-o", str(tmp_path / "shim.so"), str(tmp_path / "shim.c")], check=True)
+    code = "from mtbench.memory.peak import hold_malloc_to_live_memory as h; print(h()['mmap_threshold_bytes'])"
+    env = dict(__import__("os").environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    plain = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    preloaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                               env=dict(env, LD_PRELOAD=str(tmp_path / "shim.so")))
+    assert plain.stdout.split()[-1] == str(128 * 1024), plain.stderr
+    assert preloaded.stdout.split()[-1] == "None", preloaded.stderr

@@ -242,12 +242,16 @@ def test_a_new_budget_replans_between_steps_without_losing_one(run, tmp_path, mo
             budget_file.write_text("3000 bytes")
 
     monkeypatch.setattr(ImageClassification, "step", step)
+    from mtbench import memory  # mallopt stays out of this test process (it would hold for every later test)
+    monkeypatch.setattr(memory, "hold_malloc_to_live_memory", lambda: {"mmap_threshold_bytes": 1, "note": "fake"})
     summary = run([*TINY_JOB, "batch=8", "warmup=1", "steps=5", "memory.plan=auto",
                    f"memory.budget_file={budget_file}", "memory.select=probes"])
     assert summary["success"], summary["failure"]
     assert summary["measured_steps"] == 5
     plan = summary["memory_plan"]
     assert plan["budget_bytes"] == 3000 and plan["budget_source"].startswith("budget_file")
+    # the file alone steers the plan (no peak check), and the probes measure as a budgeted job's do (review finding)
+    assert summary["budget_bytes"] is None and summary["cpu_malloc"]["note"] == "fake"
     assert [r["before_step"] for r in plan["replans"]] == [3]  # probes of step 4's re-plan are not steps
     assert plan["replans"][0]["from"] == "none" and plan["label"] == plan["replans"][0]["to"] != "none"
     rows = list(csv.DictReader(open(tmp_path / "job" / "steps.csv")))

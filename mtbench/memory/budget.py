@@ -37,7 +37,7 @@ def apply_budget(target: Target, device: torch.device) -> Dict[str, Any]:
     if budget is None:
         return {"budget_bytes": None, "budget_enforced_by": None}
     if device.type != "cuda":
-        # a board trains on its GPU, whose caching allocator reserves about what the tensors need; glibc's dynamic
+        # a board trains on its GPU, whose caching allocator reuses the blocks it keeps reserved; glibc's dynamic
         # mmap threshold would add hundreds of MiB of freed heap kept resident, which no board's budget pays
         from mtbench.memory.peak import hold_malloc_to_live_memory
 

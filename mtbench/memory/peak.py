@@ -75,7 +75,13 @@ def hold_malloc_to_live_memory() -> Dict[str, Any]:
     if not sys.platform.startswith("linux"):
         return {"mmap_threshold_bytes": None, "note": f"not set: {sys.platform} has no glibc"}
     try:
-        ok = ctypes.CDLL("libc.so.6").mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
+        libc = ctypes.CDLL("libc.so.6")
+        # another allocator put in front of glibc's (LD_PRELOAD of jemalloc or tcmalloc, common in CPU images):
+        # glibc's mallopt would answer 1 and change nothing that this process's malloc does
+        in_use = ctypes.cast(ctypes.CDLL(None).malloc, ctypes.c_void_p).value
+        if in_use != ctypes.cast(libc.malloc, ctypes.c_void_p).value:
+            return {"mmap_threshold_bytes": None, "note": "not set: this process's malloc is not glibc's (LD_PRELOAD?)"}
+        ok = libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
     except (OSError, AttributeError) as exc:
         return {"mmap_threshold_bytes": None, "note": f"not set: no glibc mallopt ({exc})"}
     if ok != 1:
