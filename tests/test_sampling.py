@@ -189,3 +189,20 @@ def test_a_procfs_mounted_elsewhere_is_read_from_its_files_and_a_cut_line_is_non
     values = dict(zip(names, sensor.read()))
     sensor.close()
     assert values["cpu0_busy_ticks"] == 30 and values["cpu1_busy_ticks"] is None
+
+
+def test_a_watched_process_that_exited_reads_none_even_before_it_is_reaped():
+    """A zombie's statm reads all zeros and its CPU clock still answers: its figures are None, not an RSS of 0."""
+    from mtbench.sampling.procfs import ProcfsSensor
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.3)"])
+    sensor = ProcfsSensor(pid=child.pid)
+    ticks, rss = sensor.decode(sensor.read_raw())[-3:-1]
+    assert rss is not None and rss > 0
+    deadline = time.monotonic() + 30
+    while open(f"/proc/{child.pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z":
+        assert time.monotonic() < deadline, "the child never exited"
+        time.sleep(0.02)
+    assert sensor.decode(sensor.read_raw())[-3:-1] == [None, None]  # exited, not yet waited for
+    child.wait()
+    assert sensor.decode(sensor.read_raw())[-3:-1] == [None, None]

@@ -338,6 +338,8 @@ class ProcfsSensor(Sensor):
         out: List[Optional[float]] = []
         for c in self._cores:
             out += list(by_core.get(c, (None, None)))  # a core taken offline: None, not 0
+        if statm is not None and statm.split()[:1] == [b"0"]:  # a zombie (exited, not yet waited for): no size
+            cpu = statm = None
         try:
             rss: Optional[int] = int(statm.split()[1]) * PAGE_SIZE if statm is not None else None
             if isinstance(cpu, bytes):
