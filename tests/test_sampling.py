@@ -191,8 +191,9 @@ def test_a_procfs_mounted_elsewhere_is_read_from_its_files_and_a_cut_line_is_non
     assert values["cpu0_busy_ticks"] == 30 and values["cpu1_busy_ticks"] is None
 
 
-def test_a_watched_process_that_exited_reads_none_even_before_it_is_reaped():
-    """A zombie's statm reads all zeros and its CPU clock still answers: its figures are None, not an RSS of 0."""
+def test_a_watched_process_that_exited_has_no_rss_even_before_it_is_reaped():
+    """A zombie's statm reads all zeros and its CPU clock still answers: its RSS is None, not 0, and its CPU time
+    (final, and right) is kept, so that a window that ends as the process exits still has its figure."""
     from mtbench.sampling.procfs import ProcfsSensor
 
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.3)"])
@@ -203,6 +204,7 @@ def test_a_watched_process_that_exited_reads_none_even_before_it_is_reaped():
     while open(f"/proc/{child.pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z":
         assert time.monotonic() < deadline, "the child never exited"
         time.sleep(0.02)
-    assert sensor.decode(sensor.read_raw())[-3:-1] == [None, None]  # exited, not yet waited for
+    zombie_ticks, zombie_rss = sensor.decode(sensor.read_raw())[-3:-1]  # exited, not yet waited for
+    assert zombie_rss is None and zombie_ticks is not None and zombie_ticks >= ticks
     child.wait()
     assert sensor.decode(sensor.read_raw())[-3:-1] == [None, None]

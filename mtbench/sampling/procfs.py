@@ -338,10 +338,10 @@ class ProcfsSensor(Sensor):
         out: List[Optional[float]] = []
         for c in self._cores:
             out += list(by_core.get(c, (None, None)))  # a core taken offline: None, not 0
-        if statm is not None and statm.split()[:1] == [b"0"]:  # a zombie (exited, not yet waited for): no size
-            cpu = statm = None
+        # a zombie (exited, not yet waited for): its CPU time is final and still right, its statm all zeros
+        zombie = statm is not None and statm.split()[:1] == [b"0"]
         try:
-            rss: Optional[int] = int(statm.split()[1]) * PAGE_SIZE if statm is not None else None
+            rss: Optional[int] = int(statm.split()[1]) * PAGE_SIZE if statm is not None and not zombie else None
             if isinstance(cpu, bytes):
                 ticks: Optional[float] = float(parse_proc(cpu, statm)[0]) if statm is not None else None
             else:  # the CPU clock counts nanoseconds: in ticks, as /proc/<pid>/stat says them, with the fraction
