@@ -292,7 +292,7 @@ class ProcfsSensor(Sensor):
             return stat, cpu, statm, meminfo
         text = _read(self._stat_fd)
         end = text.find(b"\nintr")  # the cpu lines come first; the long interrupt line is not needed
-        if self.tree and self._reads % self.TREE_REFRESH == 0:
+        if self._reads % self.TREE_REFRESH == 0:
             self._refresh_tree()
         self._reads += 1
         procs: List[Tuple[int, Optional[Tuple[bytes, bytes]]]] = []
@@ -300,44 +300,33 @@ class ProcfsSensor(Sensor):
             try:
                 procs.append((key, self._procs[key].read_raw()))
             except OSError:
-                procs.append((key, None))
-                if self.tree:  # a tree member that exited is dropped; decode keeps the CPU time it used
-                    self._procs.pop(key).close()
+                procs.append((key, None))  # a tree member that exited is dropped; decode keeps its CPU time
+                self._procs.pop(key).close()
         meminfo = _read(self._meminfo_fd) if self._meminfo_fd is not None else None
         return (text if end < 0 else text[:end]), procs, meminfo
 
     def decode(self, raw) -> List[Optional[float]]:
-        if not self.tree:
-            return self._decode_one(*raw)
-        text, procs, meminfo = raw
-        out: List[Optional[float]] = []
+        if self.tree:
+            text, procs, meminfo = raw
+            process = self._ledger.add_sample(procs)
+        else:
+            text, cpu, statm, meminfo = raw
+            text = _whole_lines(text, self._stat_size)
+            meminfo = _whole_lines(meminfo, self._meminfo_size) if meminfo is not None else None
+            process = self._process_figures(cpu, statm)
         by_core = {c: (b, t) for c, b, t in parse_proc_stat(text)}
+        out: List[Optional[float]] = []
         for c in self._cores:
             # a core taken offline (Jetson power modes do this) disappears from /proc/stat: None, not 0
-            busy, total = by_core.get(c, (None, None))
-            out += [busy, total]
-        if not self.tree:
-            ticks, rss, alive = 0, 0, 0
-            for _, files in procs:
-                try:
-                    t, r = parse_proc(*files) if files is not None else (None, None)
-                except (IndexError, ValueError):
-                    t = None
-                if t is not None:
-                    ticks, rss, alive = ticks + t, rss + r, alive + 1
-            out += [ticks, rss] if alive else [None, None]
-        else:
-            out += self._ledger.add_sample(procs)
+            out += list(by_core.get(c, (None, None)))
+        out += process
         if self._meminfo_fd is not None:
             out.append(parse_meminfo(meminfo) if meminfo is not None else None)
         return out
 
-    def _decode_one(self, stat: bytes, cpu: Union[int, bytes, None], statm: Optional[bytes],
-                    meminfo: Optional[bytes]) -> List[Optional[float]]:
-        by_core = {c: (b, t) for c, b, t in parse_proc_stat(_whole_lines(stat, self._stat_size))}
-        out: List[Optional[float]] = []
-        for c in self._cores:
-            out += list(by_core.get(c, (None, None)))  # a core taken offline: None, not 0
+    @staticmethod
+    def _process_figures(cpu: Union[int, bytes, None], statm: Optional[bytes]) -> List[Optional[float]]:
+        """[CPU ticks, RSS bytes] of the one watched process, from its CPU clock (ns) or stat file, and statm."""
         # a zombie (exited, not yet waited for): its CPU time is final and still right, its statm all zeros
         zombie = statm is not None and statm.split()[:1] == [b"0"]
         try:
@@ -348,10 +337,7 @@ class ProcfsSensor(Sensor):
                 ticks = cpu * USER_HZ / 1e9 if cpu is not None else None
         except (IndexError, ValueError):
             ticks = rss = None
-        out += [ticks, rss]
-        if self._meminfo_fd is not None:
-            out.append(parse_meminfo(_whole_lines(meminfo, self._meminfo_size)) if meminfo is not None else None)
-        return out
+        return [ticks, rss]
 
     def close(self) -> None:
         for fd in (self._stat_fd, self._meminfo_fd):
