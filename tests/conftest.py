@@ -1,7 +1,9 @@
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -47,3 +49,14 @@ def mtbench_cli(*args: str, cwd=None, timeout: float = 600) -> subprocess.Comple
         [sys.executable, "-m", "mtbench", *args],
         cwd=cwd or REPO, env=env, capture_output=True, text=True, timeout=timeout,
     )
+
+
+@contextlib.contextmanager
+def ctrl_c_reaches_children():
+    """Children started in the block get SIGINT's default (Python: KeyboardInterrupt), however pytest itself was
+    started: a script's background job (`nohup pytest &`) ignores SIGINT, and its children inherit that."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # a caught signal is reset to default on exec
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)

@@ -67,12 +67,13 @@ def test_ctrl_c_writes_an_interrupted_summary_and_exits_130(tmp_path):
 
     import psutil
 
-    from tests.conftest import REPO
+    from tests.conftest import REPO, ctrl_c_reaches_children
 
     env = dict(__import__("os").environ, PYTHONPATH=str(REPO))
-    proc = subprocess.Popen([sys.executable, "-m", "mtbench", "model=vgg16", "batch=8", "device=cpu", "warmup=0",
-                             "steps=500", f"hydra.run.dir={tmp_path}"], cwd=REPO, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    with ctrl_c_reaches_children():
+        proc = subprocess.Popen([sys.executable, "-m", "mtbench", "model=vgg16", "batch=8", "device=cpu", "warmup=0",
+                                 "steps=500", f"hydra.run.dir={tmp_path}"], cwd=REPO, env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     # the job's process starts its sampling process just before it builds the model: wait for that one
     deadline = time.monotonic() + 180
 

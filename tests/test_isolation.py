@@ -12,7 +12,7 @@ import time
 import psutil
 import pytest
 
-from tests.conftest import REPO, mtbench_cli
+from tests.conftest import REPO, ctrl_c_reaches_children, mtbench_cli
 
 FAKE = ["model=squeezenet", "~model.workload.net", "~model.workload.optimizer", "~model.workload.input_shape",
         "~model.workload.num_classes"]
@@ -91,10 +91,11 @@ def test_a_sweep_goes_on_past_a_job_killed_by_sigkill(tmp_path):
 
 def test_ctrl_c_to_the_parent_reaches_the_job(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    proc = subprocess.Popen([sys.executable, str(REPO / "tests" / "isolated_job.py"), str(tmp_path / "job"), *FAKE,
-                             "model.workload._target_=tests.fake_workloads.BusyLoop", "steps=1000",
-                             f"+model.workload.ready_file={tmp_path / 'ready'}"],
-                            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    with ctrl_c_reaches_children():
+        proc = subprocess.Popen([sys.executable, str(REPO / "tests" / "isolated_job.py"), str(tmp_path / "job"),
+                                 *FAKE, "model.workload._target_=tests.fake_workloads.BusyLoop", "steps=1000",
+                                 f"+model.workload.ready_file={tmp_path / 'ready'}"],
+                                cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
     while not (tmp_path / "ready").exists() and time.monotonic() < deadline:  # the job is in its steps
         time.sleep(0.02)
@@ -104,6 +105,29 @@ def test_ctrl_c_to_the_parent_reaches_the_job(tmp_path):
     assert proc.returncode == 130, err
     s = json.loads((tmp_path / "job" / "summary.json").read_text())
     assert s["failure"]["kind"] == "interrupted" and s["measured_steps"] >= 1, s["failure"]
+
+
+def test_a_job_started_with_ctrl_c_ignored_keeps_ignoring_it(tmp_path):
+    """A script's `mtbench ... &` (or nohup) starts with SIGINT ignored, and Ctrl-C on the terminal still reaches
+    its process group: neither the sweep's process nor the job's may end on it."""
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # an ignored signal stays ignored across exec
+    try:
+        proc = subprocess.Popen([sys.executable, str(REPO / "tests" / "isolated_job.py"), str(tmp_path / "job"),
+                                 *FAKE, "model.workload._target_=tests.fake_workloads.BusyLoop", "steps=20",
+                                 "+model.workload.seconds=0.05", f"+model.workload.ready_file={tmp_path / 'ready'}"],
+                                cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    deadline = time.monotonic() + 120
+    while not (tmp_path / "ready").exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    os.killpg(proc.pid, signal.SIGINT)  # as the terminal does: the whole group
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    s = json.loads((tmp_path / "job" / "summary.json").read_text())
+    assert s["success"] is True and s["measured_steps"] == 20, s["failure"]
 
 
 def test_a_crash_while_releasing_keeps_the_jobs_results(tmp_path):
