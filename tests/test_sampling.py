@@ -1,6 +1,8 @@
 """The sampler and the aggregation, against loads whose truth is known."""
 from __future__ import annotations
 
+import errno
+import os
 import subprocess
 import sys
 import time
@@ -189,6 +191,64 @@ def test_a_procfs_mounted_elsewhere_is_read_from_its_files_and_a_cut_line_is_non
     values = dict(zip(names, sensor.read()))
     sensor.close()
     assert values["cpu0_busy_ticks"] == 30 and values["cpu1_busy_ticks"] is None
+
+
+class _Tree:
+    """Processes as procfs shows them: `ticks` (utime + stime) and `reaped` (cutime + cstime: the children it
+    waited for); a reaped process's files fail as a real one's do (ESRCH). `on_read` runs a reap between reads."""
+
+    def __init__(self):
+        self.procs = {100: {"ppid": 1, "ticks": 1, "reaped": 0, "state": "S"},  # GNU time
+                      101: {"ppid": 100, "ticks": 30, "reaped": 0, "state": "S"}}  # its command
+        self.on_read = {}
+
+    def exit_and_reap(self, pid, extra_ticks):
+        child = self.procs.pop(pid)  # the kernel adds a child's whole time to its parent's cutime as it reaps it
+        self.procs[child["ppid"]]["reaped"] += child["ticks"] + extra_ticks + child["reaped"]
+
+    def files(self, pid_dir):
+        tree, pid = self, int(os.path.basename(pid_dir))
+
+        class Files:
+            statm_fd = -1
+
+            def read_raw(self):
+                if pid not in tree.procs:
+                    raise ProcessLookupError(errno.ESRCH, "No such process")
+                p = tree.procs[pid]
+                stat = (f"{pid} (x) {p['state']} {p['ppid']} " + "0 " * 9 + f"{p['ticks']} 0 {p['reaped']} 0 20 0 1\n")
+                tree.on_read.pop(pid, lambda: None)()
+                return stat.encode(), b"100 30 0 0 0 0 0\n"
+
+            def close(self):
+                pass
+
+        return Files()
+
+
+@pytest.mark.parametrize("when", ["before the parent's read", "between the parent's read and its own"])
+def test_a_reaped_member_of_a_tree_is_counted_once(tmp_path, monkeypatch, when):
+    """GNU time reaps its command (30 ticks, 6 more before it exits), is read as a zombie, and is reaped by
+    the caller: the tree's CPU is GNU time's final total (1 + 36), never the command's time twice. Found on a
+    loaded machine, where the reap fell between two reads of one sample (184 % against GNU time's 97 %)."""
+    from mtbench.sampling import procfs
+
+    (tmp_path / "stat").write_bytes(b"cpu  30 0 20 150 0 0 0 0 0 0\ncpu0 30 0 20 150 0 0 0 0 0 0\n")
+    tree = _Tree()
+    monkeypatch.setattr(procfs, "_ProcFiles", tree.files)
+    sensor = procfs.ProcfsSensor(proc_root=str(tmp_path), pid=100, tree=True)
+    monkeypatch.setattr(sensor, "_descendants", lambda: [p for p in tree.procs if p != 100])
+    ticks = [f.name for f in sensor.fields()].index("proc_cpu_ticks")
+    raws = [sensor.read_raw()]
+    if when == "before the parent's read":
+        tree.exit_and_reap(101, 6)
+        tree.procs[100]["state"] = "Z"
+    else:
+        tree.on_read[100] = lambda: (tree.exit_and_reap(101, 6), tree.procs[100].update(state="Z"))
+    raws.append(sensor.read_raw())
+    del tree.procs[100]  # the caller reaps GNU time
+    raws.append(sensor.read_raw())
+    assert [sensor.decode(r)[ticks] for r in raws] == [31, 37, 37]
 
 
 def test_a_watched_process_that_exited_has_no_rss_even_before_it_is_reaped():

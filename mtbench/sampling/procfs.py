@@ -130,12 +130,13 @@ class _TreeLedger:
     """The CPU ticks of a process tree across samples, each counted once.
 
     Each live member counts its own time plus its waited-for children's (cutime, cstime). A member that
-    vanishes was reaped: its time is now inside its parent's cutime, but only a later read of the parent
-    shows it, and the parent may exit first (GNU time reaps its command, prints, exits). So a vanished
-    member's last ticks stay counted as pending until its parent is read again (then the parent holds them);
-    if the parent vanishes first, they move up to the grandparent with it; once the root (reaped by our
-    caller) or a member whose parent is outside the tree vanishes, its ticks and those pending on it are
-    kept for good.
+    vanishes was reaped: its time is now inside its parent's cutime. The sensor reads parents before their
+    children and, when a member vanished, reads the others again (see ProcfsSensor.read_raw), so a parent read
+    in the same sample after the vanishing holds it: the member is dropped. A member whose parent cannot show
+    it (the parent vanished too, or is outside the tree: the root, reaped by our caller) keeps its last ticks
+    for good; when its parent vanished too they move up with it first (GNU time reaps its command, prints,
+    exits). Only where the re-reads ran out (`unsettled`: members still vanishing in the last pass) is the
+    parent's reading ambiguous: the member's ticks stay pending until the parent is read in a later sample.
     """
 
     def __init__(self, root_key: int) -> None:
@@ -144,24 +145,32 @@ class _TreeLedger:
         self.last: Dict[int, Tuple[int, int]] = {}  # member -> (ticks, ppid) at its last read
         self.pending: Dict[int, Tuple[int, int]] = {}  # vanished member -> (ticks, the parent that reaped it)
 
-    def add_sample(self, procs) -> List[Optional[float]]:
+    @staticmethod
+    def _parse(files) -> Optional[Tuple[int, int, int]]:
+        try:
+            t, r = parse_proc(*files, children=True)
+            return t, parse_ppid(files[0]), r
+        except (IndexError, ValueError):
+            return None
+
+    def add_sample(self, procs, vanished=(), unsettled=()) -> List[Optional[float]]:
+        """`procs`: (member, its files) read in the last pass; `vanished`: (member, its files from an earlier
+        pass of this sample, or None) for those that exited; `unsettled`: those that vanished in the last pass."""
         read: Dict[int, Tuple[int, int]] = {}
-        rss, vanished = 0, []
+        rss = 0
         for key, files in procs:
-            if files is None:
-                vanished.append(key)
-                continue
-            try:
-                t, r = parse_proc(*files, children=True)
-                ppid = parse_ppid(files[0])
-            except (IndexError, ValueError):
-                continue
-            read[key] = (t, ppid)
-            rss += r
+            parsed = self._parse(files)
+            if parsed is not None:
+                read[key] = parsed[:2]
+                rss += parsed[2]
+        for key, files in vanished:  # an earlier pass of this sample read it: fresher than the last sample
+            parsed = self._parse(files) if files is not None else None
+            if parsed is not None:
+                self.last[key] = parsed[:2]
         self.last.update(read)
-        # a parent read after its child vanished (in an earlier sample) holds the child's time in its cutime
+        # a parent read after its child vanished holds the child's time in its cutime
         self.pending = {k: v for k, v in self.pending.items() if v[1] not in read}
-        for key in vanished:
+        for key, _ in vanished:
             ticks, ppid = self.last.pop(key, (0, -1))
             for child, (t, parent) in list(self.pending.items()):
                 if parent == key:  # inside this member's ticks once its parent reads them: they move up with it
@@ -170,6 +179,8 @@ class _TreeLedger:
             if key == self.root_key or ppid not in self.last:
                 for k in [k for k, (_, parent) in self.pending.items() if parent == ppid]:
                     self.gone += self.pending.pop(k)[0]
+        unsettled = set(unsettled)
+        self.pending = {k: v for k, v in self.pending.items() if v[1] not in read or k in unsettled}
         live = sum(t for t, _ in read.values())
         total = self.gone + live + sum(t for t, _ in self.pending.values())
         return [float(total), float(rss) if read else None]
@@ -190,6 +201,7 @@ class ProcfsSensor(Sensor):
 
     name = "procfs"
     TREE_REFRESH = 20  # reads between scans for new child processes (a scan walks /proc)
+    TREE_PASSES = 3  # reads of the tree in one sample at most, while members keep vanishing
 
     def __init__(self, proc_root: str = "/proc", pid: Optional[int] = None, tree: bool = False) -> None:
         self.proc_root = proc_root
@@ -295,20 +307,30 @@ class ProcfsSensor(Sensor):
         if self._reads % self.TREE_REFRESH == 0:
             self._refresh_tree()
         self._reads += 1
-        procs: List[Tuple[int, Optional[Tuple[bytes, bytes]]]] = []
-        for key in list(self._procs):
-            try:
-                procs.append((key, self._procs[key].read_raw()))
-            except OSError:
-                procs.append((key, None))  # a tree member that exited is dropped; decode keeps its CPU time
-                self._procs.pop(key).close()
+        # Parents first (the order they were found in). A member that cannot be read was reaped, before its
+        # parent's read or after it: the others are read again, after the vanishing, so that a parent shows it
+        readings: Dict[int, Tuple[bytes, bytes]] = {}
+        vanished: List[Tuple[int, Optional[Tuple[bytes, bytes]]]] = []
+        failed: List[int] = []
+        for _ in range(self.TREE_PASSES):
+            failed = []
+            for key in list(self._procs):
+                try:
+                    readings[key] = self._procs[key].read_raw()
+                except OSError:
+                    failed.append(key)
+                    self._procs.pop(key).close()
+                    vanished.append((key, readings.pop(key, None)))  # decode keeps its CPU time where needed
+            if not failed:
+                break
+        procs = [(key, readings[key]) for key in self._procs]
         meminfo = _read(self._meminfo_fd) if self._meminfo_fd is not None else None
-        return (text if end < 0 else text[:end]), procs, meminfo
+        return (text if end < 0 else text[:end]), procs, vanished, failed, meminfo
 
     def decode(self, raw) -> List[Optional[float]]:
         if self.tree:
-            text, procs, meminfo = raw
-            process = self._ledger.add_sample(procs)
+            text, procs, vanished, unsettled, meminfo = raw
+            process = self._ledger.add_sample(procs, vanished, unsettled)
         else:
             text, cpu, statm, meminfo = raw
             text = _whole_lines(text, self._stat_size)
