@@ -220,12 +220,34 @@ def test_auto_takes_the_least_predicted_time_among_plans_that_fit():
 
 def _fake_probe(batch: int):
     """A probe that runs the real step but reports a peak from a model of the plan (RSS is too noisy to test on)."""
-    def probe(workload, plan, device, runtime_bytes, is_oom):
+    def probe(workload, plan, device, runtime_bytes, is_oom, budget_bytes=None):
         workload.set_memory_plan(plan)
         workload.step()
         return {"peak_bytes": 1000 * batch // plan.microbatch // (2 if plan.segments else 1), "step_time_s": 0.01,
                 "oom": False}
     return probe
+
+
+@pytest.mark.parametrize("budget, steps, peak", [(120, 2, 150), (90, 1, 100)])
+def test_a_probe_that_fits_in_its_first_step_takes_a_second(monkeypatch, budget, steps, peak):
+    """A first step peaks lower than the later ones (the optimizer's state is made at its end): a plan whose first
+    step fits runs a second and the higher peak counts; one that does not fit stops there."""
+    from mtbench.memory import budget as budget_mod
+
+    peaks = iter([100, 150])
+    monkeypatch.setattr(budget_mod, "compared_bytes", lambda mem, runtime: next(peaks))
+    ran = []
+
+    class Workload:
+        def set_memory_plan(self, plan):
+            ran.append(plan.label)
+
+        def step(self):
+            ran.append("step")
+
+    p = plan_select.probe_step(Workload(), MemoryPlan(microbatch=2), torch.device("cpu"), 0, lambda exc: False,
+                               budget)
+    assert (p["peak_bytes"], p["steps"], ran) == (peak, steps, ["microbatch/2"] + ["step"] * steps)
 
 
 def test_a_new_budget_replans_between_steps_without_losing_one(run, tmp_path, monkeypatch):

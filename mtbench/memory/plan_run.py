@@ -187,7 +187,7 @@ class Planner:
         if not probe:
             return plan_select.Choice(NONE, "probes-needed", reason or "")
         choice = plan_select.choose_by_probes(plans, self.budget_bytes, lambda p: plan_select.probe_step(
-            workload, p, self.device, self.runtime_bytes, self.is_oom))
+            workload, p, self.device, self.runtime_bytes, self.is_oom, self.budget_bytes))
         if reason:
             choice.chosen_because += f" (the predictor could not be used: {reason})"
         return choice
