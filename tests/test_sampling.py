@@ -226,29 +226,63 @@ class _Tree:
         return Files()
 
 
-@pytest.mark.parametrize("when", ["before the parent's read", "between the parent's read and its own"])
-def test_a_reaped_member_of_a_tree_is_counted_once(tmp_path, monkeypatch, when):
-    """GNU time reaps its command (30 ticks, 6 more before it exits), is read as a zombie, and is reaped by
-    the caller: the tree's CPU is GNU time's final total (1 + 36), never the command's time twice. Found on a
-    loaded machine, where the reap fell between two reads of one sample (184 % against GNU time's 97 %)."""
+def _tree_sensor(tmp_path, monkeypatch, tree):
     from mtbench.sampling import procfs
 
     (tmp_path / "stat").write_bytes(b"cpu  30 0 20 150 0 0 0 0 0 0\ncpu0 30 0 20 150 0 0 0 0 0 0\n")
-    tree = _Tree()
     monkeypatch.setattr(procfs, "_ProcFiles", tree.files)
     sensor = procfs.ProcfsSensor(proc_root=str(tmp_path), pid=100, tree=True)
     monkeypatch.setattr(sensor, "_descendants", lambda: [p for p in tree.procs if p != 100])
-    ticks = [f.name for f in sensor.fields()].index("proc_cpu_ticks")
+    return sensor, [f.name for f in sensor.fields()].index("proc_cpu_ticks")
+
+
+@pytest.mark.parametrize("when", ["before the parent's read", "between the parent's read and its own",
+                                  "and the caller reaped GNU time between two passes",
+                                  "while the kernel releases the command (state X: added, not yet unhashed)"])
+def test_a_reaped_member_of_a_tree_is_counted_once(tmp_path, monkeypatch, when):
+    """GNU time reaps its command (30 ticks, 6 more before it exits), is read as a zombie, and is reaped by
+    the caller: the tree's CPU is GNU time's final total (1 + 36), never the command's time twice. Found on a
+    loaded machine, where the reap fell between two reads of one sample (184 % against GNU time's 97 %); the
+    third case is a review's (67 on the first fix)."""
+    tree = _Tree()
+    sensor, ticks = _tree_sensor(tmp_path, monkeypatch, tree)
     raws = [sensor.read_raw()]
     if when == "before the parent's read":
         tree.exit_and_reap(101, 6)
         tree.procs[100]["state"] = "Z"
-    else:
+    elif when == "between the parent's read and its own":
         tree.on_read[100] = lambda: (tree.exit_and_reap(101, 6), tree.procs[100].update(state="Z"))
+    elif when.startswith("and the caller"):
+        tree.exit_and_reap(101, 6)
+        tree.on_read[100] = lambda: tree.procs.pop(100)
+    else:
+        tree.exit_and_reap(101, 6)
+        tree.procs[101] = {"ppid": 100, "ticks": 36, "reaped": 0, "state": "X"}
+        tree.procs[100]["state"] = "Z"
     raws.append(sensor.read_raw())
-    del tree.procs[100]  # the caller reaps GNU time
+    tree.procs.pop(100, None)  # the caller reaps GNU time
     raws.append(sensor.read_raw())
     assert [sensor.decode(r)[ticks] for r in raws] == [31, 37, 37]
+
+
+@pytest.mark.parametrize("zombie", [False, True])
+def test_a_member_whose_parent_exited_first_keeps_its_time(tmp_path, monkeypatch, zombie):
+    """A parent (5 ticks) that exits without waiting for its child (50 ticks): the kernel gives the child to init,
+    whose reap adds it to nobody in the tree; the root reaps the parent alone. The child's 50 ticks stay counted,
+    whether the parent is reaped in the same interval or is seen as a zombie first (a review's case: the first
+    fix dropped them there, and the counter went back from 56 to 6)."""
+    tree = _Tree()
+    tree.procs[101]["ticks"] = 5
+    tree.procs[102] = {"ppid": 101, "ticks": 50, "reaped": 0, "state": "S"}
+    sensor, ticks = _tree_sensor(tmp_path, monkeypatch, tree)
+    raws = [sensor.read_raw()]
+    del tree.procs[102]  # reparented to init and reaped there
+    if zombie:
+        tree.procs[101]["state"] = "Z"
+        raws.append(sensor.read_raw())
+    tree.exit_and_reap(101, 0)
+    raws.append(sensor.read_raw())
+    assert [sensor.decode(r)[ticks] for r in raws] == [56] * len(raws)
 
 
 def test_a_watched_process_that_exited_has_no_rss_even_before_it_is_reaped():

@@ -126,64 +126,120 @@ def parse_ppid(stat: bytes) -> int:
     return int(stat.rsplit(b")", 1)[1].split()[1])  # field 4
 
 
-class _TreeLedger:
-    """The CPU ticks of a process tree across samples, each counted once.
+class _Owed:
+    """Ticks of a vanished tree member that an ancestor's waited-for ticks (cutime + cstime) show once it reaped it."""
+    __slots__ = ("member", "anchor", "base", "ticks", "via")
 
-    Each live member counts its own time plus its waited-for children's (cutime, cstime). A member that
-    vanishes was reaped: its time is now inside its parent's cutime. The sensor reads parents before their
-    children and, when a member vanished, reads the others again (see ProcfsSensor.read_raw), so a parent read
-    in the same sample after the vanishing holds it: the member is dropped. A member whose parent cannot show
-    it (the parent vanished too, or is outside the tree: the root, reaped by our caller) keeps its last ticks
-    for good; when its parent vanished too they move up with it first (GNU time reaps its command, prints,
-    exits). Only where the re-reads ran out (`unsettled`: members still vanishing in the last pass) is the
-    parent's reading ambiguous: the member's ticks stay pending until the parent is read in a later sample.
+    def __init__(self, member: int, anchor: int, base: Optional[int], ticks: int, via: Optional[int] = None) -> None:
+        self.member = member  # the vanished member
+        self.anchor = anchor  # the member whose waited-for ticks grow when the member's time reaches it
+        self.base = base  # the anchor's waited-for ticks before that (None: unknown)
+        self.ticks = ticks  # the member's last ticks: counted while no anchor's growth shows them
+        self.via = via  # the anchor's child it moved up with (None: it is the anchor's own child)
+
+
+class _TreeLedger:
+    """The CPU ticks of a process tree across reads, each counted once.
+
+    Each live member counts its own time plus its waited-for children's (cutime + cstime). A member that vanishes
+    (its files fail, or it reads as being released, state X) was reaped: by its parent, whose waited-for ticks
+    grow by the member's whole time at once, or by someone outside the tree (its parent exited first and init or
+    a subreaper took it; a parent that ignores SIGCHLD): then nobody's ticks show it. So which it was is read from
+    the parent's waited-for ticks, not from when the reads happened: the member's last ticks stay counted until
+    the parent's have grown by them (a parent is read before its children in each pass, so its reading in the
+    pass of the member's last read is the base). A parent that vanishes too hands what it owes up with itself:
+    once the grandparent's growth shows the parent, what the parent's final time did not bring along was never
+    reaped by it and is kept; so is what a zombie (whose waited-for ticks are final) had not reaped. Ticks owed
+    by the root's parent (our caller) are kept for good.
     """
+
+    SLACK = 2  # ticks: cutime and cstime are each rounded from nanoseconds
 
     def __init__(self, root_key: int) -> None:
         self.root_key = root_key
         self.gone = 0  # ticks no live member holds any more, kept for good
-        self.last: Dict[int, Tuple[int, int]] = {}  # member -> (ticks, ppid) at its last read
-        self.pending: Dict[int, Tuple[int, int]] = {}  # vanished member -> (ticks, the parent that reaped it)
+        self.last: Dict[int, Tuple[int, int, int, bytes]] = {}  # member -> (ticks, ppid, waited-for ticks, state)
+        self.base: Dict[int, Optional[int]] = {}  # member -> its parent's waited-for ticks in that same pass
+        self.owed: List[_Owed] = []
 
     @staticmethod
-    def _parse(files) -> Optional[Tuple[int, int, int]]:
+    def _parse(files) -> Optional[Tuple[int, int, int, bytes, int]]:
+        """(ticks with the waited-for children's, ppid, the waited-for ticks, state, RSS) of one member."""
         try:
-            t, r = parse_proc(*files, children=True)
-            return t, parse_ppid(files[0]), r
+            stat, statm = files
+            rest = stat.rsplit(b")", 1)[1].split()
+            waited = int(rest[13]) + int(rest[14])
+            return int(rest[11]) + int(rest[12]) + waited, int(rest[1]), waited, rest[0], int(statm.split()[1]) * PAGE_SIZE
         except (IndexError, ValueError):
             return None
 
-    def add_sample(self, procs, vanished=(), unsettled=()) -> List[Optional[float]]:
-        """`procs`: (member, its files) read in the last pass; `vanished`: (member, its files from an earlier
-        pass of this sample, or None) for those that exited; `unsettled`: those that vanished in the last pass."""
-        read: Dict[int, Tuple[int, int]] = {}
-        rss = 0
+    def add_pass(self, procs) -> Optional[int]:
+        """One read of the tree, parents first: (member, its files, or None where they failed). Returns the RSS."""
+        rss: Optional[int] = None
+        vanished: List[int] = []
+        read: Dict[int, int] = {}  # member -> its waited-for ticks in this pass
         for key, files in procs:
-            parsed = self._parse(files)
-            if parsed is not None:
-                read[key] = parsed[:2]
-                rss += parsed[2]
-        for key, files in vanished:  # an earlier pass of this sample read it: fresher than the last sample
             parsed = self._parse(files) if files is not None else None
-            if parsed is not None:
-                self.last[key] = parsed[:2]
-        self.last.update(read)
-        # a parent read after its child vanished holds the child's time in its cutime
-        self.pending = {k: v for k, v in self.pending.items() if v[1] not in read}
-        for key, _ in vanished:
-            ticks, ppid = self.last.pop(key, (0, -1))
-            for child, (t, parent) in list(self.pending.items()):
-                if parent == key:  # inside this member's ticks once its parent reads them: they move up with it
-                    self.pending[child] = (t, ppid)
-            self.pending[key] = (ticks, ppid)
-            if key == self.root_key or ppid not in self.last:
-                for k in [k for k, (_, parent) in self.pending.items() if parent == ppid]:
-                    self.gone += self.pending.pop(k)[0]
-        unsettled = set(unsettled)
-        self.pending = {k: v for k, v in self.pending.items() if v[1] not in read or k in unsettled}
-        live = sum(t for t, _ in read.values())
-        total = self.gone + live + sum(t for t, _ in self.pending.values())
-        return [float(total), float(rss) if read else None]
+            if files is None or (parsed is not None and parsed[3] in (b"X", b"x")):
+                vanished.append(key)
+                continue
+            if parsed is None:
+                continue
+            ticks, ppid, waited, state, r = parsed
+            self.last[key] = (ticks, ppid, waited, state)
+            self.base[key] = read.get(ppid)  # the parent, read before it in this pass, had not reaped it yet
+            read[key] = waited
+            rss = (rss or 0) + r
+        for key in reversed(vanished):  # children before their parents: what a child owes moves up with its parent
+            if key not in self.last:
+                continue  # never read alive, or already counted as vanished: its time is in its parent's
+            ticks, ppid, _, state = self.last.pop(key)
+            base = self.base.pop(key, None)
+            below = [o for o in self.owed if o.anchor == key]
+            self.owed = [o for o in self.owed if o.anchor != key]
+            self.owed.append(_Owed(key, ppid, base, ticks))
+            if state in (b"Z", b"z"):  # a zombie's waited-for ticks are final: what it had not reaped stays ours
+                self.gone += sum(o.ticks for o in below)
+            else:  # it may have reaped them after its last read: then they reach its parent with it
+                self.owed += [_Owed(o.member, ppid, base, o.ticks, via=key) for o in below]
+        self._settle(read)
+        return rss
+
+    def _settle(self, read: Dict[int, int]) -> None:
+        """Drop what a parent read in this pass shows; keep for good what no member's ticks ever will."""
+        by_anchor: Dict[int, List[_Owed]] = {}
+        for o in self.owed:
+            by_anchor.setdefault(o.anchor, []).append(o)
+        self.owed = []
+        for anchor, entries in by_anchor.items():
+            now = read.get(anchor)
+            if anchor not in self.last:  # owed outside the tree (the root's parent): for good
+                self.gone += sum(o.ticks for o in entries)
+                continue
+            if now is None:  # its parent was not read in this pass
+                self.owed += entries
+                continue
+            claimed, shown = 0, set()
+            # its own children first, then what came up with them (largest first: one growth explains one entry)
+            for o in sorted(entries, key=lambda o: (o.via is not None, -o.ticks)):
+                if o.base is None:
+                    self.gone += o.ticks  # no base to tell by: kept (never seen with its parent read first)
+                elif (o.via is None or o.via in shown) and now - o.base - claimed >= o.ticks - self.SLACK:
+                    claimed += o.ticks  # the anchor reaped it (or the member it came up with brought it along)
+                    shown.add(o.member)
+                elif o.via is not None and o.via in shown:
+                    self.gone += o.ticks  # the member it came up with was reaped without it: it never reaped it
+                else:
+                    o.base = now  # a reap adds the whole at once: not reaped yet; from here on the growth shows it
+                    self.owed.append(o)
+
+    def add_sample(self, passes) -> List[Optional[float]]:
+        """One sample: the sensor's passes over the tree (more than one where members vanished)."""
+        rss: Optional[int] = None
+        for procs in passes:
+            rss = self.add_pass(procs)
+        total = self.gone + sum(t for t, _, _, _ in self.last.values()) + sum(o.ticks for o in self.owed)
+        return [float(total), float(rss) if rss is not None else None]
 
 
 class ProcfsSensor(Sensor):
@@ -195,8 +251,8 @@ class ProcfsSensor(Sensor):
     With `tree=True`, of a process and all its descendants: the live ones are found again every
     `TREE_REFRESH` reads, and each member counts its own time plus its waited-for children's (cutime and
     cstime), so a child that lived and was reaped between two scans is counted in its parent. A member that
-    is reaped is dropped without adding its time (its parent's cutime now holds it), except the root, whose
-    last reading is kept (its parent is the caller, outside the tree).
+    is reaped keeps its last ticks until its parent's cutime shows them (see _TreeLedger); the root's last
+    reading is kept (its parent is the caller, outside the tree).
     """
 
     name = "procfs"
@@ -307,30 +363,28 @@ class ProcfsSensor(Sensor):
         if self._reads % self.TREE_REFRESH == 0:
             self._refresh_tree()
         self._reads += 1
-        # Parents first (the order they were found in). A member that cannot be read was reaped, before its
-        # parent's read or after it: the others are read again, after the vanishing, so that a parent shows it
-        readings: Dict[int, Tuple[bytes, bytes]] = {}
-        vanished: List[Tuple[int, Optional[Tuple[bytes, bytes]]]] = []
-        failed: List[int] = []
+        # Parents first (the order they were found in). A member that cannot be read any more was reaped: the
+        # others are read again, so that its parent's waited-for ticks are read after the reap (the ledger tells
+        # from their growth whether the parent reaped it)
+        passes: List[List[Tuple[int, Optional[Tuple[bytes, bytes]]]]] = []
         for _ in range(self.TREE_PASSES):
-            failed = []
+            procs: List[Tuple[int, Optional[Tuple[bytes, bytes]]]] = []
             for key in list(self._procs):
                 try:
-                    readings[key] = self._procs[key].read_raw()
+                    procs.append((key, self._procs[key].read_raw()))
                 except OSError:
-                    failed.append(key)
+                    procs.append((key, None))
                     self._procs.pop(key).close()
-                    vanished.append((key, readings.pop(key, None)))  # decode keeps its CPU time where needed
-            if not failed:
+            passes.append(procs)
+            if all(files is not None for _, files in procs):
                 break
-        procs = [(key, readings[key]) for key in self._procs]
         meminfo = _read(self._meminfo_fd) if self._meminfo_fd is not None else None
-        return (text if end < 0 else text[:end]), procs, vanished, failed, meminfo
+        return (text if end < 0 else text[:end]), passes, meminfo
 
     def decode(self, raw) -> List[Optional[float]]:
         if self.tree:
-            text, procs, vanished, unsettled, meminfo = raw
-            process = self._ledger.add_sample(procs, vanished, unsettled)
+            text, passes, meminfo = raw
+            process = self._ledger.add_sample(passes)
         else:
             text, cpu, statm, meminfo = raw
             text = _whole_lines(text, self._stat_size)
