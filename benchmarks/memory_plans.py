@@ -11,7 +11,12 @@ own process, as `mtbench maxbatch` runs them. After the searches, each plan is t
 the budget, to show what the budget's allocator setting costs.
 
     python benchmarks/memory_plans.py [models=resnet50,vgg16,mobilenetv2,inceptionv1,squeezenet] [select=auto]
-                                      [image_size=16] [out=DIR] [retime=MODEL,...]
+                                      [image_size=16] [out=DIR] [retime=MODEL,...] [malloc=cached]
+
+malloc: memory.cpu_malloc of the throughput jobs (not of the searches, which run held to the budget: live). cached
+(default): glibc keeps freed memory for the next tensors, as a board's GPU caching allocator does; with glibc's own
+settings (malloc=glibc) which of a step's tensors are faulted in again page by page depends on the order of its
+frees, and recomputation paid for it most (MobileNetV2 batch 56: 0.96 s a step against 0.60 s, 320,000 page faults).
 
 image_size: the CNNs' input size (VGG keeps 32: its five pools need it); at 32 (CIFAR's) a run of the 5 models took 13-16
 minutes on a 2-vCPU VM with select=probes (82-90 jobs). retime=resnet50,...: the throughput jobs again, for these
@@ -125,7 +130,8 @@ def timed(prober: Prober, base: List[str], held: List[str], batch: int, label: O
             "step_time_s": s["step_time_s"]}
 
 
-def bench_model(model: str, prober: Prober, select: str, image_size: int) -> Dict[str, Any]:
+def bench_model(model: str, prober: Prober, select: str, image_size: int, malloc: str = "cached"
+                ) -> Dict[str, Any]:
     size = 32 if model in NEEDS_32 else image_size
     base = [f"model={model}", "device=cpu", f"data.image_size={size}"]
     began = time.monotonic()
@@ -166,16 +172,19 @@ def bench_model(model: str, prober: Prober, select: str, image_size: int) -> Dic
     auto["chosen_because"] = (at_goal.get("memory_plan") or {}).get("chosen_because")
     row["auto"] = auto
     row["search_seconds"] = time.monotonic() - began
-    time_plans(row, prober)
+    time_plans(row, prober, malloc)
     row["seconds"] = time.monotonic() - began
     return row
 
 
-def time_plans(row: Dict[str, Any], prober: Prober) -> None:
-    """Throughput, after the searches: each plan at its own largest batch, one job after the other."""
+def time_plans(row: Dict[str, Any], prober: Prober, malloc: str = "cached") -> None:
+    """Throughput, after the searches: each plan at its own largest batch, one job after the other, with glibc's
+    malloc as `malloc` says (memory.cpu_malloc; a job held to the budget keeps its own: live)."""
     model, n0 = row["model"], row["none"]["max_batch"]
-    base = [f"model={model}", "device=cpu", f"data.image_size={row['image_size']}"]
-    held = [*base, f"memory.budget_gb={row['budget_bytes'] / 2**30!r}"]
+    held = [f"model={model}", "device=cpu", f"data.image_size={row['image_size']}",
+            f"memory.budget_gb={row['budget_bytes'] / 2**30!r}"]
+    base = [*held[:3], f"memory.cpu_malloc={malloc}"]
+    row["timed_cpu_malloc"] = malloc
     for plan in ("none", "recompute", "auto"):
         p = row.get(plan) or {}
         if p.get("max_batch"):
@@ -229,14 +238,17 @@ def print_table(rows: List[Dict[str, Any]]) -> None:
         print("| " + " | ".join(cells) + " |")
     print(f"\ngoals met: recompute >= 2x with >= 0.7x throughput on {met['recompute']} of {len(rows)} (goal: 4 of 5); "
           f"auto >= 4.33x with >= 0.7x throughput on {met['auto']} of {len(rows)} (goal: every model)")
+    malloc = {r.get("timed_cpu_malloc", "glibc") for r in rows}
     print("throughput: samples/s at each plan's own largest batch, batch / median of 3 steps after a warm-up step, "
-          "without the budget (* : under auto and the budget, a plan no fixed setting expresses); recompute x none at "
-          "the same batch: recomputation's own cost, apart from the batch's; last column: none at its largest batch "
-          "held to the budget (glibc's mmap threshold fixed) over the same without it")
+          f"without the budget, memory.cpu_malloc={'/'.join(sorted(malloc))} (* : under auto and the budget, a plan "
+          "no fixed setting expresses); recompute x none at the same batch: recomputation's own cost, apart from the "
+          "batch's; last column: none at its largest batch held to the budget (glibc's mmap threshold fixed: live) "
+          "over the same without it")
 
 
 def main(argv: List[str]) -> None:
-    opts = {"models": ",".join(MODELS), "select": "auto", "image_size": "16", "out": "", "retime": ""}
+    opts = {"models": ",".join(MODELS), "select": "auto", "image_size": "16", "out": "", "retime": "",
+            "malloc": "cached"}
     for a in argv:
         key, _, value = a.partition("=")
         if key not in opts:
@@ -251,7 +263,7 @@ def main(argv: List[str]) -> None:
         for row in rows:
             if row["model"] in opts["retime"].split(",") and row.get("none", {}).get("max_batch"):
                 print(f"{row['model']}: timed again", flush=True)
-                time_plans(row, prober)
+                time_plans(row, prober, opts["malloc"])
                 row["retimed"] = True
                 (out / "memory_plans.json").write_text(json.dumps(rows, indent=2) + "\n")
         print_table(rows)
@@ -259,7 +271,7 @@ def main(argv: List[str]) -> None:
     rows = []
     for model in opts["models"].split(","):
         print(f"{model}:", flush=True)
-        rows.append(bench_model(model, prober, opts["select"], int(opts["image_size"])))
+        rows.append(bench_model(model, prober, opts["select"], int(opts["image_size"]), opts["malloc"]))
         (out / "memory_plans.json").write_text(json.dumps(rows, indent=2) + "\n")
     print_table(rows)
     print(f"\n{prober.jobs} probe jobs in {time.monotonic() - began:.0f} s; load average after: {os.getloadavg()}; "

@@ -154,10 +154,13 @@ class Job:
         self.planner.before_build(self.device)
         # before anything of the model exists: what the runtime holds (CPU), and the allocator's cap (CUDA)
         self.runtime_bytes = memory.current_rss_bytes() if self.device.type == "cpu" else None
-        self.budget = budget.apply_budget(self.target, self.device)
-        if self.budget["budget_bytes"] is None and self.planner.budget_bytes is not None and self.device.type == "cpu":
+        cpu_malloc = self.planner.settings.cpu_malloc
+        self.budget = budget.apply_budget(self.target, self.device, cpu_malloc)
+        if self.budget["budget_bytes"] is None and self.device.type == "cpu":
             # memory.budget_file alone steers the plan, not the peak check: its probes measure as a budgeted job's
-            self.budget["cpu_malloc"] = memory.hold_malloc_to_live_memory()
+            chosen = memory.set_cpu_malloc(cpu_malloc, budgeted=self.planner.budget_bytes is not None)
+            if chosen is not None:
+                self.budget["cpu_malloc"] = chosen
         data: DataSource = instantiate(self.cfg.data)
         self.data_label = data.label
         self.notify("data", self.data_label)

@@ -143,3 +143,38 @@ def test_a_preloaded_allocator_is_said_not_glibc(tmp_path):
                                env=dict(env, LD_PRELOAD=str(tmp_path / "shim.so")))
     assert plain.stdout.split()[-1] == str(128 * 1024), plain.stderr
     assert preloaded.stdout.split()[-1] == "None", preloaded.stderr
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc")
+def test_cpu_malloc_settings_change_how_often_a_tensor_is_faulted_in():
+    """memory.cpu_malloc, against the kernel's own count of page faults: with `live` a freed 4 MiB tensor goes back
+    to the kernel and the next one is faulted in page by page; with `cached` glibc keeps it for the next."""
+    import subprocess
+
+    code = """
+import resource, sys, torch
+from mtbench.memory.peak import set_cpu_malloc
+print(set_cpu_malloc(sys.argv[1], budgeted=False)["mmap_threshold_bytes"])
+for _ in range(10):  # glibc settles (its heap grows for the first few)
+    x = torch.ones(2 ** 20); del x
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+for _ in range(20):
+    x = torch.ones(2 ** 20); del x  # 4 MiB each
+print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+"""
+    env = dict(__import__("os").environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    out = {}
+    for mode in ("live", "cached"):
+        proc = subprocess.run([sys.executable, "-c", code, mode], capture_output=True, text=True, env=env)
+        threshold, faults = proc.stdout.split()[-2:]
+        out[mode] = (int(threshold), int(faults))
+    pages = 20 * 4 * 2**20 // 4096
+    assert out["live"][0] == 128 * 1024 and out["live"][1] > 0.9 * pages, out
+    assert out["cached"][0] == 32 * 2**20 and out["cached"][1] < 0.05 * pages, out
+
+
+def test_an_unknown_cpu_malloc_is_refused(run):
+    from mtbench.errors import UsageError
+
+    with pytest.raises(UsageError, match="memory.cpu_malloc='fast' is not known; allowed: auto, glibc, live, cached"):
+        run(["model=squeezenet", "batch=1", "memory.cpu_malloc=fast"])

@@ -265,7 +265,7 @@ def test_a_new_budget_replans_between_steps_without_losing_one(run, tmp_path, mo
 
     monkeypatch.setattr(ImageClassification, "step", step)
     from mtbench import memory  # mallopt stays out of this test process (it would hold for every later test)
-    monkeypatch.setattr(memory, "hold_malloc_to_live_memory", lambda: {"mmap_threshold_bytes": 1, "note": "fake"})
+    monkeypatch.setattr(memory, "set_cpu_malloc", lambda mode, budgeted: {"mmap_threshold_bytes": 1, "note": "fake"})
     summary = run([*TINY_JOB, "batch=8", "warmup=1", "steps=5", "memory.plan=auto",
                    f"memory.budget_file={budget_file}", "memory.select=probes"])
     assert summary["success"], summary["failure"]

@@ -30,7 +30,7 @@ def target_from_cfg(cfg: Any) -> Target:
     return Target.from_mapping(node)
 
 
-def apply_budget(target: Target, device: torch.device) -> Dict[str, Any]:
+def apply_budget(target: Target, device: torch.device, cpu_malloc: str = "auto") -> Dict[str, Any]:
     """Before the model is built: on CUDA, cap the caching allocator at the budget so an oversized job fails with a
     real out-of-memory error, as on the board. Returns how the budget is held (for summary.json)."""
     budget = target.memory_budget_bytes
@@ -39,9 +39,11 @@ def apply_budget(target: Target, device: torch.device) -> Dict[str, Any]:
     if device.type != "cuda":
         # a board trains on its GPU, whose caching allocator reuses the blocks it keeps reserved; glibc's dynamic
         # mmap threshold would add hundreds of MiB of freed heap kept resident, which no board's budget pays
-        from mtbench.memory.peak import hold_malloc_to_live_memory
+        # (memory.cpu_malloc=auto: live)
+        from mtbench.memory.peak import set_cpu_malloc
 
-        return {"budget_bytes": budget, "budget_enforced_by": "peak_check", "cpu_malloc": hold_malloc_to_live_memory()}
+        return {"budget_bytes": budget, "budget_enforced_by": "peak_check",
+                "cpu_malloc": set_cpu_malloc(cpu_malloc, budgeted=True)}
     total = torch.cuda.get_device_properties(device).total_memory
     if budget >= total:
         # nothing to emulate: this GPU runs out before the board would; an OOM here is the GPU's own

@@ -56,6 +56,7 @@ class PlanSettings:
     budget_bytes: Optional[int]  # memory.budget_gb in bytes (None: the target's budget)
     budget_file: Optional[str]  # a file the run watches for a new budget
     expandable_segments: bool  # the CUDA caching allocator's expandable_segments setting
+    cpu_malloc: str = "auto"  # glibc's malloc on CPU: auto | glibc | live | cached (mtbench.memory.peak)
 
 
 def settings_from_cfg(cfg: Any) -> PlanSettings:
@@ -83,7 +84,12 @@ def settings_from_cfg(cfg: Any) -> PlanSettings:
     if not isinstance(expandable, bool):
         raise UsageError(f"memory.expandable_segments={expandable!r} is not known; allowed: true, false")
     budget_file = get("budget_file", None)
-    return PlanSettings(plan=plan, microbatch=int(micro), recompute=segments,
+    from mtbench.memory.peak import CPU_MALLOC
+
+    cpu_malloc = str(get("cpu_malloc", "auto"))
+    if cpu_malloc not in CPU_MALLOC:
+        raise UsageError(f"memory.cpu_malloc={cpu_malloc!r} is not known; allowed: {', '.join(CPU_MALLOC)}")
+    return PlanSettings(cpu_malloc=cpu_malloc, plan=plan, microbatch=int(micro), recompute=segments,
                         budget_bytes=None if gb is None else int(float(gb) * 2**30),
                         budget_file=None if budget_file is None else str(budget_file),
                         expandable_segments=expandable)
