@@ -148,7 +148,8 @@ def test_a_preloaded_allocator_is_said_not_glibc(tmp_path):
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc")
 def test_cpu_malloc_settings_change_how_often_a_tensor_is_faulted_in():
     """memory.cpu_malloc, against the kernel's own count of page faults: with `live` a freed 4 MiB tensor goes back
-    to the kernel and the next one is faulted in page by page; with `cached` glibc keeps it for the next."""
+    to the kernel and the next one is faulted in page by page; with `cached` glibc keeps it for the next (a heap
+    top trimmed after each free, as a C int overflowed to a trim threshold of 0 did, would fault it in again)."""
     import subprocess
 
     code = """
@@ -156,10 +157,10 @@ import resource, sys, torch
 from mtbench.memory.peak import set_cpu_malloc
 print(set_cpu_malloc(sys.argv[1], budgeted=False)["mmap_threshold_bytes"])
 for _ in range(10):  # glibc settles (its heap grows for the first few)
-    x = torch.ones(2 ** 20); del x
+    x = torch.ones(6 * 2 ** 20); del x
 before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 for _ in range(20):
-    x = torch.ones(2 ** 20); del x  # 4 MiB each
+    x = torch.ones(6 * 2 ** 20); del x  # 24 MiB each: below the 32 MiB threshold, at the heap's top
 print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 """
     env = dict(__import__("os").environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
@@ -168,7 +169,7 @@ print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
         proc = subprocess.run([sys.executable, "-c", code, mode], capture_output=True, text=True, env=env)
         threshold, faults = proc.stdout.split()[-2:]
         out[mode] = (int(threshold), int(faults))
-    pages = 20 * 4 * 2**20 // 4096
+    pages = 20 * 24 * 2**20 // 4096
     assert out["live"][0] == 128 * 1024 and out["live"][1] > 0.9 * pages, out
     assert out["cached"][0] == 32 * 2**20 and out["cached"][1] < 0.05 * pages, out
 

@@ -61,7 +61,7 @@ M_MMAP_THRESHOLD = -3  # glibc's mallopt parameters (malloc.h)
 M_TRIM_THRESHOLD = -1
 MMAP_THRESHOLD_BYTES = 128 * 1024  # glibc's own initial threshold, here kept fixed (memory.cpu_malloc=live)
 CACHED_MMAP_BYTES = 32 * 2**20  # glibc's DEFAULT_MMAP_THRESHOLD_MAX on 64-bit: the ceiling of its own dynamic rule
-CACHED_TRIM_BYTES = 2**62  # the heap's top is never given back
+CACHED_TRIM_BYTES = 2**31 - 1  # mallopt takes a C int: the largest, so the heap's top is not given back
 CPU_MALLOC = ("auto", "glibc", "live", "cached")
 
 
@@ -77,6 +77,8 @@ def _mallopt(settings: Dict[int, int]) -> Optional[str]:
         if in_use != ctypes.cast(libc.malloc, ctypes.c_void_p).value:
             return "not set: this process's malloc is not glibc's (LD_PRELOAD?)"
         for param, value in settings.items():
+            if not -2**31 <= value < 2**31:  # mallopt(int, int): ctypes would pass a larger value cut to its low bits
+                return f"not set: {value} does not fit mallopt's int"
             if libc.mallopt(param, value) != 1:
                 return f"not set: mallopt({param}, {value}) refused"
     except (OSError, AttributeError) as exc:
