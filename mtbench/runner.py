@@ -529,7 +529,8 @@ def _child_main(cfg: DictConfig, out_dir: Path, sender, parent_pid: int) -> None
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # the first Ctrl-C ends the job; more change nothing
         raise KeyboardInterrupt
 
-    # a process started with SIGINT ignored (a script's `mtbench ... &`, nohup) keeps ignoring it, as the parent does
+    # a process started with SIGINT ignored (a script's `mtbench ... &` in a shell without job control) keeps
+    # ignoring it, as the parent does
     if signal.getsignal(signal.SIGINT) != signal.SIG_IGN:
         signal.signal(signal.SIGINT, on_sigint)
     started = time.monotonic()

@@ -52,9 +52,10 @@ def mtbench_cli(*args: str, cwd=None, timeout: float = 600) -> subprocess.Comple
 
 
 @contextlib.contextmanager
-def ctrl_c_reaches_children():
-    """Children started in the block get SIGINT's default (Python: KeyboardInterrupt), however pytest itself was
-    started: a script's background job (`nohup pytest &`) ignores SIGINT, and its children inherit that."""
+def ctrl_c_raises():
+    """In the block SIGINT raises KeyboardInterrupt here, and children started in it get SIGINT's default, however
+    pytest itself was started: a shell without job control starts a background job (`pytest &` in a script) with
+    SIGINT ignored, and its children inherit that."""
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # a caught signal is reset to default on exec
     try:
         yield

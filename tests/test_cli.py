@@ -67,10 +67,10 @@ def test_ctrl_c_writes_an_interrupted_summary_and_exits_130(tmp_path):
 
     import psutil
 
-    from tests.conftest import REPO, ctrl_c_reaches_children
+    from tests.conftest import REPO, ctrl_c_raises
 
     env = dict(__import__("os").environ, PYTHONPATH=str(REPO))
-    with ctrl_c_reaches_children():
+    with ctrl_c_raises():
         proc = subprocess.Popen([sys.executable, "-m", "mtbench", "model=vgg16", "batch=8", "device=cpu", "warmup=0",
                                  "steps=500", f"hydra.run.dir={tmp_path}"], cwd=REPO, env=env,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

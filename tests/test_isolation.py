@@ -12,7 +12,7 @@ import time
 import psutil
 import pytest
 
-from tests.conftest import REPO, ctrl_c_reaches_children, mtbench_cli
+from tests.conftest import REPO, ctrl_c_raises, mtbench_cli
 
 FAKE = ["model=squeezenet", "~model.workload.net", "~model.workload.optimizer", "~model.workload.input_shape",
         "~model.workload.num_classes"]
@@ -91,7 +91,7 @@ def test_a_sweep_goes_on_past_a_job_killed_by_sigkill(tmp_path):
 
 def test_ctrl_c_to_the_parent_reaches_the_job(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    with ctrl_c_reaches_children():
+    with ctrl_c_raises():
         proc = subprocess.Popen([sys.executable, str(REPO / "tests" / "isolated_job.py"), str(tmp_path / "job"),
                                  *FAKE, "model.workload._target_=tests.fake_workloads.BusyLoop", "steps=1000",
                                  f"+model.workload.ready_file={tmp_path / 'ready'}"],

@@ -8,7 +8,7 @@ import pytest
 
 from mtbench.results import REQUIRED_KEYS, SCHEMA
 from mtbench.runner import is_oom
-from tests.conftest import compose_cfg
+from tests.conftest import compose_cfg, ctrl_c_raises
 
 import torch
 
@@ -132,7 +132,7 @@ def test_a_second_ctrl_c_while_writing_waits_for_the_results(run, tmp_path, monk
         real_write(job, samples)
 
     monkeypatch.setattr(runner, "_write", interrupted_write)
-    with pytest.raises(KeyboardInterrupt):
+    with ctrl_c_raises(), pytest.raises(KeyboardInterrupt):  # also where pytest runs with SIGINT ignored
         run(FAKE + ["model.workload._target_=tests.fake_workloads.Interrupted", "steps=5"])
     s = json.loads((tmp_path / "job" / "summary.json").read_text())
     assert s["failure"]["kind"] == "interrupted" and (tmp_path / "job" / "samples.csv").exists()

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from mtbench.results import REQUIRED_KEYS
-from tests.conftest import REPO, ctrl_c_reaches_children
+from tests.conftest import REPO, ctrl_c_raises
 
 BUSY = "import time\nt = time.monotonic()\nwhile time.monotonic() - t < {s}: pass\n"
 MARKED = """
@@ -147,7 +147,7 @@ def test_second_ctrl_c_stops_the_command_and_writes_the_results(tmp_path):
     """Issue 8 item 11: a second Ctrl-C ends the command (TERM, then KILL) without a traceback; exit 130."""
     pid_file = tmp_path / "pid"
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    with ctrl_c_reaches_children():
+    with ctrl_c_raises():
         proc = subprocess.Popen([sys.executable, "-m", "mtbench.sample_cli", "--sensors", "none", "--kill-after-s",
                                  "0.5", "--out", str(tmp_path / "out"), "--", sys.executable, "-c", STUBBORN,
                                  str(pid_file)],

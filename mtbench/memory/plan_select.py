@@ -189,5 +189,6 @@ def probe_step(workload: Any, plan: MemoryPlan, device: torch.device, runtime_by
                      else budget.compared_bytes(mem, runtime_bytes))
         if not _fits(peaks[-1], budget_bytes):
             break
-    known = [p for p in peaks if p is not None]
-    return {"peak_bytes": max(known) if known else None, "step_time_s": seconds, "oom": False, "steps": len(peaks)}
+    # a step whose peak cannot be read leaves the probe's peak unknown: it does not fit
+    peak_bytes = None if any(p is None for p in peaks) else max(peaks)  # type: ignore[type-var]
+    return {"peak_bytes": peak_bytes, "step_time_s": seconds, "oom": False, "steps": len(peaks)}
