@@ -157,7 +157,8 @@ class Job:
         cpu_malloc = self.planner.settings.cpu_malloc
         self.budget = budget.apply_budget(self.target, self.device, cpu_malloc)
         if self.budget["budget_bytes"] is None and self.device.type == "cpu":
-            # memory.budget_file alone steers the plan, not the peak check: its probes measure as a budgeted job's
+            # no peak check: memory.cpu_malloc as asked (auto: live where memory.budget_file alone steers the plan,
+            # so that its probes measure as a budgeted job's; else glibc's own settings)
             chosen = memory.set_cpu_malloc(cpu_malloc, budgeted=self.planner.budget_bytes is not None)
             if chosen is not None:
                 self.budget["cpu_malloc"] = chosen

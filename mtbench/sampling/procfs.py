@@ -122,10 +122,6 @@ def parse_meminfo(text: bytes) -> Optional[int]:
     return None
 
 
-def parse_ppid(stat: bytes) -> int:
-    return int(stat.rsplit(b")", 1)[1].split()[1])  # field 4
-
-
 class _Owed:
     """Ticks of a vanished tree member that an ancestor's waited-for ticks (cutime + cstime) show once it reaped it."""
     __slots__ = ("member", "anchor", "base", "ticks", "via")
@@ -155,8 +151,7 @@ class _TreeLedger:
 
     SLACK = 2  # ticks: cutime and cstime are each rounded from nanoseconds
 
-    def __init__(self, root_key: int) -> None:
-        self.root_key = root_key
+    def __init__(self) -> None:
         self.gone = 0  # ticks no live member holds any more, kept for good
         self.last: Dict[int, Tuple[int, int, int, bytes]] = {}  # member -> (ticks, ppid, waited-for ticks, state)
         self.base: Dict[int, Optional[int]] = {}  # member -> its parent's waited-for ticks in that same pass
@@ -169,7 +164,8 @@ class _TreeLedger:
             stat, statm = files
             rest = stat.rsplit(b")", 1)[1].split()
             waited = int(rest[13]) + int(rest[14])
-            return int(rest[11]) + int(rest[12]) + waited, int(rest[1]), waited, rest[0], int(statm.split()[1]) * PAGE_SIZE
+            rss = int(statm.split()[1]) * PAGE_SIZE
+            return int(rest[11]) + int(rest[12]) + waited, int(rest[1]), waited, rest[0], rss
         except (IndexError, ValueError):
             return None
 
@@ -269,7 +265,7 @@ class ProcfsSensor(Sensor):
             self._procs: Dict[int, _ProcFiles] = {pid or 0: _ProcFiles(os.path.join(proc_root, str(pid) if pid else "self"))}
         except OSError as exc:
             raise SensorUnavailable(f"cannot open {exc.filename}: {exc.strerror}") from None
-        self._ledger = _TreeLedger(pid or 0)  # decode's state in tree mode
+        self._ledger = _TreeLedger()  # decode's state in tree mode
         self._statm_fd = self._procs[pid or 0].statm_fd
         self._cpu_clock = None if tree else _cpu_clock(proc_root, pid)
         self._reads = 0
