@@ -100,8 +100,10 @@ def plan_overrides(label: Optional[str]) -> Optional[List[str]]:
     kind, _, n = label.partition("/")
     if "+" in label:
         return None
-    if kind == "recompute":
-        return ["memory.plan=recompute", f"memory.recompute={n}"]
+    if kind == "recompute":  # recompute/auto or recompute/auto@50% (the share of the activation bytes recomputed)
+        segments, _, share = n.partition("@")
+        return ["memory.plan=recompute", f"memory.recompute={segments}",
+                f"memory.recompute_share={share.rstrip('%') or 100}"]
     if kind == "microbatch":
         return ["memory.plan=microbatch", f"memory.microbatch={n}"]
     return None
@@ -149,7 +151,8 @@ def bench_model(model: str, prober: Prober, select: str, image_size: int, malloc
     row["none"] = {"max_batch": n0, "error": plain.error}
     if not n0:
         return row
-    rec_fits = prober.fits([*held, "memory.plan=recompute"], f"{model}/recompute")
+    # recomputation alone; under the budget it takes the least share of the activation bytes that fits
+    rec_fits = prober.fits([*held, "memory.plan=recompute", f"memory.select={select}"], f"{model}/recompute")
     rec = search(rec_fits, start=n0, limit=4 * n0, tolerance=0.3)
     if not rec.max_batch and not rec.error:  # not even plain's largest batch: how far below it
         rec = search(rec_fits, start=2, limit=n0 - 1, tolerance=0.3)

@@ -69,19 +69,20 @@ class Workload(abc.ABC):
         blocks = self.blocks() if segments else None
         if not blocks:
             return net(x)
-        return plans.forward_segments(blocks, self.segment_runs(segments, x), x)
+        return plans.forward_segments(blocks, self.segment_runs(segments, x, self.memory_plan.share), x)
 
-    def segment_runs(self, segments: int, x: torch.Tensor) -> List[Tuple[int, int]]:
-        """The runs of blocks that make `segments` checkpointed segments, from a profile of what each block saves
-        (one forward of two samples of `x`, on the first call: BatchNorm needs two at 1x1)."""
+    def segment_runs(self, segments: int, x: torch.Tensor, share: int = 100) -> List[Tuple[int, int]]:
+        """The runs of blocks that make `segments` checkpointed segments over the leading blocks that save `share` %
+        of the activation bytes, from a profile of what each block saves (one forward of two samples of `x`, on the
+        first call: BatchNorm needs two at 1x1)."""
         blocks = self.blocks() or []
         profile = getattr(self, "_block_profile", None)
         if profile is None:
             profile = self._block_profile = plans.profile_blocks(blocks, x[:2].detach())
         cache = self.__dict__.setdefault("_segment_runs", {})
-        if segments not in cache:
-            cache[segments] = plans.partition(profile, segments)
-        return cache[segments]
+        if (segments, share) not in cache:
+            cache[segments, share] = plans.partition(profile, segments, share)
+        return cache[segments, share]
 
     def planned_backward(self, loss_of: Callable[..., torch.Tensor], *batch: Any, batch_dim: int = 0) -> torch.Tensor:
         """loss_of(*batch).backward(), in micro-batches under a micro-batch plan (gradients accumulated; the caller

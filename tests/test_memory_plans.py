@@ -66,13 +66,14 @@ def max_relative_difference(a: Dict[str, torch.Tensor], b: Dict[str, torch.Tenso
     return max(float((a[k] - b[k]).abs().max() / (a[k].abs().max() + 1e-12)) for k in a if not k.startswith("buffer:"))
 
 
-@pytest.mark.parametrize("segments", [1, 2, AUTO_SEGMENTS])
-def test_recompute_gives_the_gradients_of_plain_training(segments):
+@pytest.mark.parametrize("segments, share", [(1, 100), (2, 100), (AUTO_SEGMENTS, 100), (AUTO_SEGMENTS, 50), (2, 25)])
+def test_recompute_gives_the_gradients_of_plain_training(segments, share):
     """BatchNorm and dropout included: the recomputation sees the forward's batch statistics and dropout masks, and the
-    running statistics are updated once (the forward's), not again when a segment is recomputed."""
+    running statistics are updated once (the forward's), not again when a segment is recomputed; with a share, the
+    blocks after the recomputed ones run as usual."""
     w = workload(batchnorm=True, dropout=0.5)
     plain = grads_after_step(w, NONE)
-    recomputed = grads_after_step(w, MemoryPlan(segments=segments))
+    recomputed = grads_after_step(w, MemoryPlan(segments=segments, share=share))
     for name in plain:
         assert torch.allclose(plain[name], recomputed[name], atol=1e-6, rtol=1e-5), name
 
@@ -154,6 +155,11 @@ def test_blocks_of_a_network_reproduce_its_forward_and_profile_it():
     assert len(profile.saved_bytes) == len(blocks) and profile.saved_bytes[0] > 0
     runs = partition(profile, 2)
     assert len(runs) <= 2 and runs[0][0] == 0 and runs[-1][1] == len(blocks)
+    # a share: the leading blocks that save that much of the activation bytes, and no more
+    total = sum(profile.saved_bytes)
+    for share in (25, 50, 75):
+        k = partition(profile, AUTO_SEGMENTS, share)[-1][1]
+        assert sum(profile.saved_bytes[:k]) >= total * share / 100 > sum(profile.saved_bytes[:k - 1])
 
 
 def test_a_plan_the_workload_cannot_run_is_a_usage_error():
@@ -175,6 +181,7 @@ def test_a_plan_the_workload_cannot_run_is_a_usage_error():
     ("memory.microbatch=0", "memory.microbatch=0"),
     ("memory.recompute=some", "memory.recompute='some'"),
     ("memory.budget_gb=-1", "memory.budget_gb=-1"),
+    ("memory.recompute_share=0", "memory.recompute_share=0 is not allowed; allowed: auto or a whole percentage"),
 ])
 def test_bad_memory_values_are_named(override, message):
     with pytest.raises(UsageError, match=message):
@@ -202,16 +209,19 @@ def test_auto_takes_the_least_predicted_time_among_plans_that_fit():
 
     plans = plan_select.candidates(True, True, batch=8)
     auto = AUTO_SEGMENTS
-    assert plans[:5] == [NONE, MemoryPlan(microbatch=2), MemoryPlan(microbatch=4), MemoryPlan(microbatch=8),
+    assert plans[:8] == [NONE, MemoryPlan(segments=auto, share=25), MemoryPlan(microbatch=2),
+                         MemoryPlan(segments=auto, share=50), MemoryPlan(microbatch=4),
+                         MemoryPlan(segments=auto, share=75), MemoryPlan(microbatch=8),
                          MemoryPlan(segments=auto)]  # in order of expected cost
-    peak = {p: 1000 // p.microbatch // (2 if p.segments else 1) for p in plans}
+    # a model of the peaks: only full recomputation saves (halves) here
+    peak = {p: 1000 // p.microbatch // (2 if p.segments and p.share == 100 else 1) for p in plans}
     time_s = {p: 1.0 + 0.1 * p.microbatch for p in plans}
     time_s[MemoryPlan(microbatch=8)] = 1.2  # predicted faster than microbatch/4, the first plan that fits
     choice = plan_select.choose_by_prediction(plans, 400, lambda p: P(peak[p], time_s[p]))
     assert choice.plan == MemoryPlan(microbatch=8)
     assert "least predicted step time" in choice.chosen_because
-    # predicted up to the first that fits (microbatch/4) and AFTER_FIRST_FIT more
-    assert len(choice.considered) == 3 + plan_select.AFTER_FIRST_FIT
+    # predicted up to the first that fits (microbatch/4, the fifth) and AFTER_FIRST_FIT more
+    assert len(choice.considered) == 5 + plan_select.AFTER_FIRST_FIT
     assert all(r["fits"] == (r["predicted_peak_bytes"] <= 400) for r in choice.considered)
     # nothing fits: the smallest predicted peak, said so
     small = plan_select.choose_by_prediction(plans, 10, lambda p: P(peak[p], time_s[p]))
@@ -284,6 +294,27 @@ def test_a_new_budget_replans_between_steps_without_losing_one(run, tmp_path, mo
 
     table = (make_report(tmp_path / "job") / "README.md").read_text()
     assert "| memory plan |" in table and f"| auto: none -> {plan['label']} |" in table
+
+
+def test_recompute_under_a_budget_takes_the_least_share_that_fits(run, monkeypatch):
+    """memory.plan=recompute with a budget: recomputation alone, of the least share of the activation bytes whose
+    probed peak fits (the cheapest); memory.recompute_share=N fixes it."""
+    def probe(workload, plan, device, runtime_bytes, is_oom, budget_bytes=None):
+        workload.set_memory_plan(plan)
+        workload.step()
+        return {"peak_bytes": 10 * (100 - plan.share) + 100, "step_time_s": 0.01, "oom": False, "steps": 1}
+
+    monkeypatch.setattr(plan_select, "probe_step", probe)
+    from mtbench import memory  # mallopt stays out of this test process (it would hold for every later test)
+    from mtbench.memory import peak
+
+    for module in (memory, peak):
+        monkeypatch.setattr(module, "set_cpu_malloc", lambda mode, budgeted: {"note": "fake"})
+    summary = run([*TINY_JOB, "batch=4", "memory.plan=recompute", "memory.select=probes",
+                   "target.memory_budget_bytes=2000000000"], name="wide")
+    assert summary["memory_plan"]["label"] == "recompute/auto@25%", summary["memory_plan"]["considered"]
+    fixed = run([*TINY_JOB, "batch=4", "memory.plan=recompute", "memory.recompute_share=50"], name="fixed")
+    assert fixed["memory_plan"]["label"] == "recompute/auto@50%" and fixed["memory_plan"]["method"] == "fixed"
 
 
 def test_a_fixed_plan_runs_and_is_recorded(run):
@@ -373,9 +404,9 @@ def test_with_batchnorm_auto_takes_exact_gradients_first():
             self.peak_bytes, self.step_time_s = peak, time_s
 
     plans = plan_select.candidates(True, True, batch=8, batchnorm=True)
-    assert plans[:2] == [NONE, MemoryPlan(segments=AUTO_SEGMENTS)]
+    assert plans[:5] == [NONE] + [MemoryPlan(segments=AUTO_SEGMENTS, share=s) for s in (25, 50, 75, 100)]
     # recompute (500) and microbatch/2 (500) fit; microbatch/2 is predicted faster, but changes BatchNorm's gradients
-    peak = {p: 1000 // p.microbatch // (2 if p.segments else 1) for p in plans}
+    peak = {p: 1000 // p.microbatch // (2 if p.segments and p.share == 100 else 1) for p in plans}
     choice = plan_select.choose_by_prediction(plans, 600, lambda p: P(peak[p], 1.0 if p.segments else 0.5),
                                               batchnorm=True)
     assert choice.plan == MemoryPlan(segments=AUTO_SEGMENTS) and "BatchNorm" in choice.chosen_because

@@ -24,6 +24,7 @@ class MemoryPlan:
 
     segments: int = 0  # checkpointed segments (recomputation); 0: none; AUTO_SEGMENTS: the fewest-bytes partition
     microbatch: int = 1  # micro-batches per step; gradients accumulated, one optimizer update
+    share: int = 100  # % of the activation bytes recomputed: the leading blocks that save that much (the rest kept)
 
     @property
     def name(self) -> str:
@@ -32,18 +33,22 @@ class MemoryPlan:
 
     @property
     def label(self) -> str:
-        """Short form for steps.csv and tables: none, recompute/4, microbatch/2, recompute/4+microbatch/2."""
+        """Short form for steps.csv and tables: none, recompute/4, recompute/auto@50% (the leading blocks that save
+        half the activation bytes), microbatch/2, recompute/4+microbatch/2."""
         seg = "auto" if self.segments == AUTO_SEGMENTS else self.segments
-        parts = ([f"recompute/{seg}"] if self.segments else []) + (
+        share = f"@{self.share}%" if self.segments and self.share < 100 else ""
+        parts = ([f"recompute/{seg}{share}"] if self.segments else []) + (
             [f"microbatch/{self.microbatch}"] if self.microbatch > 1 else [])
         return "+".join(parts) or "none"
 
     def to_dict(self) -> Dict[str, Any]:
-        return {"plan": self.name, "segments": self.segments, "microbatch": self.microbatch, "label": self.label}
+        return {"plan": self.name, "segments": self.segments, "microbatch": self.microbatch, "share": self.share,
+                "label": self.label}
 
 
 NONE = MemoryPlan()
 AUTO_SEGMENTS = -1  # memory.recompute=auto: the partition whose estimated activation memory is least
+SHARES = (25, 50, 75, 100)  # memory.recompute_share=auto under a budget: the cheapest of these that fits
 
 
 @dataclass(frozen=True)
@@ -57,6 +62,8 @@ class PlanSettings:
     budget_file: Optional[str]  # a file the run watches for a new budget
     expandable_segments: bool  # the CUDA caching allocator's expandable_segments setting
     cpu_malloc: str = "auto"  # glibc's malloc on CPU: auto | glibc | live | cached (mtbench.memory.peak)
+    recompute_share: Optional[int] = None  # % of activation bytes recomputed; None (auto): all, or under a budget
+    # the least of SHARES that fits
 
 
 def settings_from_cfg(cfg: Any) -> PlanSettings:
@@ -89,7 +96,10 @@ def settings_from_cfg(cfg: Any) -> PlanSettings:
     cpu_malloc = str(get("cpu_malloc", "auto"))
     if cpu_malloc not in CPU_MALLOC:
         raise UsageError(f"memory.cpu_malloc={cpu_malloc!r} is not known; allowed: {', '.join(CPU_MALLOC)}")
-    return PlanSettings(cpu_malloc=cpu_malloc, plan=plan, microbatch=int(micro), recompute=segments,
+    share = get("recompute_share", "auto")
+    if share != "auto" and (isinstance(share, bool) or not isinstance(share, int) or not 1 <= share <= 100):
+        raise UsageError(f"memory.recompute_share={share!r} is not allowed; allowed: auto or a whole percentage 1-100")
+    return PlanSettings(cpu_malloc=cpu_malloc, recompute_share=None if share == "auto" else int(share), plan=plan, microbatch=int(micro), recompute=segments,
                         budget_bytes=None if gb is None else int(float(gb) * 2**30),
                         budget_file=None if budget_file is None else str(budget_file),
                         expandable_segments=expandable)
@@ -183,9 +193,24 @@ def estimate_bytes(profile: BlockProfile, runs: Sequence[Tuple[int, int]]) -> in
     return kept + max(sum(profile.saved_bytes[a:b]) for a, b in runs)
 
 
-def partition(profile: BlockProfile, segments: int) -> List[Tuple[int, int]]:
+def leading_blocks(profile: BlockProfile, share: int) -> int:
+    """How many blocks, from the first, save `share` % of the activation bytes (at least one)."""
+    total, want = sum(profile.saved_bytes), sum(profile.saved_bytes) * share / 100
+    acc = 0
+    for k, b in enumerate(profile.saved_bytes, 1):
+        acc += b
+        if acc >= want:
+            return k
+    return max(1, len(profile.saved_bytes)) if total else 1
+
+
+def partition(profile: BlockProfile, segments: int, share: int = 100) -> List[Tuple[int, int]]:
     """[start, end) runs of blocks: `segments` runs balanced by saved bytes, or (AUTO_SEGMENTS) the partition with
-    the least estimated activation memory over every balance limit."""
+    the least estimated activation memory over every balance limit; over the leading blocks that save `share` % of
+    the activation bytes (the blocks after the last run keep their activations: their forward is not repeated)."""
+    if share < 100:
+        k = leading_blocks(profile, share)
+        return partition(BlockProfile(profile.input_bytes[:k], profile.saved_bytes[:k]), segments)
     saved = profile.saved_bytes
     n = len(saved)
     limits = sorted({sum(saved[a:b]) for a in range(n) for b in range(a + 1, n + 1)})
@@ -230,7 +255,8 @@ def forward_segments(blocks: Sequence[nn.Module], runs: Sequence[Tuple[int, int]
             if keep.norms:
                 keep.__enter__()  # the statistics this forward made
                 _AFTER_FORWARD.append(keep)
-    return x
+    end = runs[-1][1] if runs else 0
+    return _segment_fn(blocks[end:])(x) if end < len(blocks) else x  # a share < 100 %: the rest as usual
 
 
 def microbatch_slices(batch: int, microbatch: int) -> List[slice]:

@@ -122,12 +122,17 @@ class Planner:
                 self.allocator["set_through"] += " and torch.cuda.memory._set_allocator_settings"
         if self.watch is not None and self.watch.changed():
             self.budget_bytes, self.budget_source = self._read_watched(), f"budget_file {self.watch.path}"
-        if self.settings.plan == "auto" and self.select != "probes" and self.budget_bytes is not None:
+        if self._chooses() and self.select != "probes" and self.budget_bytes is not None:
             from mtbench.config import instantiate
 
             with torch.device("meta"):  # what the workload can run, without allocating it
                 shell = instantiate(self.cfg.model.workload)
             self.choice = self._choose(shell, probe=False)
+
+    def _chooses(self) -> bool:
+        """Whether the plan is chosen under the budget: auto, or recompute with memory.recompute_share=auto."""
+        return self.settings.plan == "auto" or (self.settings.plan == "recompute" and
+                                                 self.settings.recompute_share is None)
 
     def _read_watched(self) -> Optional[int]:
         assert self.watch is not None
@@ -144,9 +149,10 @@ class Planner:
         s = self.settings
         if s.plan == "none":
             plan, self.choice = NONE, plan_select.Choice(NONE, "fixed", "memory.plan=none")
-        elif s.plan == "recompute":
-            plan = MemoryPlan(segments=s.recompute)
-            self.choice = plan_select.Choice(plan, "fixed", "memory.plan=recompute")
+        elif s.plan == "recompute" and (s.recompute_share is not None or self.budget_bytes is None):
+            plan = MemoryPlan(segments=s.recompute, share=s.recompute_share or 100)
+            self.choice = plan_select.Choice(plan, "fixed", "memory.plan=recompute" + (
+                f", memory.recompute_share={s.recompute_share}" if s.recompute_share else ""))
         elif s.plan == "microbatch":
             plan = MemoryPlan(microbatch=s.microbatch)
             self.choice = plan_select.Choice(plan, "fixed", f"memory.plan=microbatch, memory.microbatch={s.microbatch}")
@@ -169,8 +175,11 @@ class Planner:
         except AttributeError:  # a workload that builds its networks in setup (a shell on meta has none)
             nets = []
         batchnorm = any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for net in nets for m in net.modules())
-        plans = plan_select.candidates(bool(workload.blocks()), bool(workload.MICROBATCH), batch,
-                                       self.settings.recompute, batchnorm)
+        if self.settings.plan == "recompute":  # recomputation alone: the least share of the activations that fits
+            plans = plan_select.recompute_candidates(self.settings.recompute)
+        else:
+            plans = plan_select.candidates(bool(workload.blocks()), bool(workload.MICROBATCH), batch,
+                                           self.settings.recompute, batchnorm)
         reason = why
         if self.select in ("auto", "predictor") and why is None:
             try:
@@ -210,7 +219,7 @@ class Planner:
             torch.cuda.empty_cache()  # segments cached under the old budget go back before the cap changes
             apply_budget(dataclasses.replace(Target.none(), name="budget_file", memory_budget_bytes=budget),
                          self.device)
-        if self.settings.plan == "auto":
+        if self._chooses():
             self.choice = self._choose(self.workload)
             self.plan = self.choice.plan
             self.workload.set_memory_plan(self.plan)
@@ -223,7 +232,8 @@ class Planner:
     # -- results ----------------------------------------------------------------------------------------------
     def summary(self, mem: Dict[str, Any]) -> Dict[str, Any]:
         choice = self.choice
-        runs = getattr(self.workload, "_segment_runs", {}).get(self.plan.segments) if self.plan.segments else None
+        runs = (getattr(self.workload, "_segment_runs", {}).get((self.plan.segments, self.plan.share))
+                if self.plan.segments else None)
         out: Dict[str, Any] = {
             **self.plan.to_dict(),
             "segments_used": len(runs) if runs else (0 if not self.plan.segments else None),

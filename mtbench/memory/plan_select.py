@@ -10,26 +10,28 @@ from typing import Any, Callable, Dict, List, Optional
 
 import torch
 
-from mtbench.memory.plan import AUTO_SEGMENTS, NONE, MemoryPlan
+from mtbench.memory.plan import AUTO_SEGMENTS, NONE, SHARES, MemoryPlan
 
 log = logging.getLogger("mtbench")
 
 
 def expected_cost(plan: MemoryPlan) -> float:
     """A rough step-time factor over `none`, to order plans where nothing better is known: recomputation runs the
-    checkpointed segments' forward again (~+33 % of a step, Chen et al. 2016); each doubling of the micro-batches
-    costs ~10 % (smaller kernels, the weights read once per micro-batch)."""
-    return (1.33 if plan.segments else 1.0) * (1.0 + 0.1 * math.log2(plan.microbatch))
+    checkpointed segments' forward again (~+33 % of a step for all of them, Chen et al. 2016; in proportion to the
+    share of activation bytes recomputed, a rough stand-in for their share of the forward's time); each doubling of
+    the micro-batches costs ~10 % (smaller kernels, the weights read once per micro-batch)."""
+    recompute = 1.0 + 0.33 * plan.share / 100 if plan.segments else 1.0
+    return recompute * (1.0 + 0.1 * math.log2(plan.microbatch))
 
 
 def candidates(segmentable: bool, microbatchable: bool, batch: int, segments: int = AUTO_SEGMENTS,
                batchnorm: bool = False) -> List[MemoryPlan]:
-    """The plans auto considers, in order of expected cost: none, recomputation (when the workload offers blocks),
-    2, 4, 8, ... micro-batches (at least one sample each), alone and with recomputation. With BatchNorm (which
-    normalizes each micro-batch by its own statistics, so micro-batches change the gradients) the plans that keep
-    the full batch's gradients come first."""
+    """The plans auto considers, in order of expected cost: none, recomputation (when the workload offers blocks) of
+    25, 50, 75 and 100 % of the activation bytes, 2, 4, 8, ... micro-batches (at least one sample each), alone and
+    with full recomputation. With BatchNorm (which normalizes each micro-batch by its own statistics, so
+    micro-batches change the gradients) the plans that keep the full batch's gradients come first."""
     seg = segments if segmentable else 0
-    out = [NONE] + ([MemoryPlan(segments=seg)] if seg else [])
+    out = [NONE] + (recompute_candidates(seg) if seg else [])
     n = 2
     while microbatchable and n <= batch:
         out.append(MemoryPlan(microbatch=n))
@@ -39,6 +41,11 @@ def candidates(segmentable: bool, microbatchable: bool, batch: int, segments: in
     if batchnorm:
         return sorted(out, key=lambda p: (p.microbatch > 1, expected_cost(p)))
     return sorted(out, key=expected_cost)  # stable: ties keep the order above
+
+
+def recompute_candidates(segments: int = AUTO_SEGMENTS) -> List[MemoryPlan]:
+    """memory.plan=recompute under a budget (memory.recompute_share=auto): the shares of SHARES, cheapest first."""
+    return [MemoryPlan(segments=segments, share=share) for share in SHARES]
 
 
 @dataclass
