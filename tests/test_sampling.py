@@ -285,6 +285,33 @@ def test_a_member_whose_parent_exited_first_keeps_its_time(tmp_path, monkeypatch
     assert [sensor.decode(r)[ticks] for r in raws] == [56] * len(raws)
 
 
+def test_tree_counters_of_small_and_zombie_members_neither_double_nor_fall(tmp_path, monkeypatch):
+    """A second review's cases: a 2-tick child that init reaps (its parent exited first) keeps its 2 ticks (a slack
+    of 2 ticks had taken them back: 8 then 6); a parent read as a zombie (a thread group whose leader exited) that
+    then reaps its child is not counted with it twice (56, 56, 106 before)."""
+    tree = _Tree()
+    tree.procs[101]["ticks"] = 5
+    tree.procs[102] = {"ppid": 101, "ticks": 2, "reaped": 0, "state": "S"}
+    sensor, ticks = _tree_sensor(tmp_path, monkeypatch, tree)
+    totals = [sensor.decode(sensor.read_raw())[ticks]]
+    del tree.procs[102]  # reparented to init and reaped there
+    tree.exit_and_reap(101, 0)
+    totals.append(sensor.decode(sensor.read_raw())[ticks])
+    assert totals == [8, 8]
+
+    tree = _Tree()
+    tree.procs[101]["ticks"] = 5
+    tree.procs[102] = {"ppid": 101, "ticks": 50, "reaped": 0, "state": "S"}
+    sensor, ticks = _tree_sensor(tmp_path, monkeypatch, tree)
+    totals = [sensor.decode(sensor.read_raw())[ticks]]
+    tree.procs[101]["state"] = "Z"
+    totals.append(sensor.decode(sensor.read_raw())[ticks])
+    tree.exit_and_reap(102, 0)  # a thread of the group still waits for its child
+    tree.exit_and_reap(101, 0)
+    totals.append(sensor.decode(sensor.read_raw())[ticks])
+    assert totals == [56, 56, 56]
+
+
 def test_a_watched_process_that_exited_has_no_rss_even_before_it_is_reaped():
     """A zombie's statm reads all zeros and its CPU clock still answers: its RSS is None, not 0, and its CPU time
     (final, and right) is kept, so that a window that ends as the process exits still has its figure."""

@@ -145,11 +145,13 @@ class _TreeLedger:
     the parent's have grown by them (a parent is read before its children in each pass, so its reading in the
     pass of the member's last read is the base). A parent that vanishes too hands what it owes up with itself:
     once the grandparent's growth shows the parent, what the parent's final time did not bring along was never
-    reaped by it and is kept; so is what a zombie (whose waited-for ticks are final) had not reaped. Ticks owed
-    by the root's parent (our caller) are kept for good.
+    reaped by it and is kept. Ticks owed by the root's parent (our caller) are kept for good. Not told apart
+    (rare): an orphan taken by a subreaper inside the tree, and growth from children never seen.
     """
 
-    SLACK = 2  # ticks: cutime and cstime are each rounded from nanoseconds
+    # No slack is needed: each field is floored from nanoseconds and a reap adds the child's exact time, so the
+    # parent's growth is at least the child's last reading (floor(a + b) >= floor(a) + floor(b))
+    SLACK = 0
 
     def __init__(self) -> None:
         self.gone = 0  # ticks no live member holds any more, kept for good
@@ -194,10 +196,9 @@ class _TreeLedger:
             below = [o for o in self.owed if o.anchor == key]
             self.owed = [o for o in self.owed if o.anchor != key]
             self.owed.append(_Owed(key, ppid, base, ticks))
-            if state in (b"Z", b"z"):  # a zombie's waited-for ticks are final: what it had not reaped stays ours
-                self.gone += sum(o.ticks for o in below)
-            else:  # it may have reaped them after its last read: then they reach its parent with it
-                self.owed += [_Owed(o.member, ppid, base, o.ticks, via=key) for o in below]
+            # it may have reaped them after its last read (even as a zombie: /proc shows a thread group whose
+            # leader exited as Z while its other threads still run and wait): then they reach its parent with it
+            self.owed += [_Owed(o.member, ppid, base, o.ticks, via=key) for o in below]
         self._settle(read)
         return rss
 
