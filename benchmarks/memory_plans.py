@@ -116,8 +116,8 @@ def timed(prober: Prober, base: List[str], held: List[str], batch: int, label: O
           ) -> Dict[str, Any]:
     """Samples/s of the plan `label` at `batch`: batch / median of the measured steps' times. Without the budget
     (a budgeted CPU job fixes glibc's mmap threshold, which costs page faults: measured apart as malloc_cost), so
-    every plan runs under the allocator an unbudgeted job has; a plan only auto expresses runs under auto and the
-    budget (`held`: its probe steps are outside the measured steps)."""
+    every plan runs under the allocator setting of `base` (its memory.cpu_malloc); a plan only auto expresses runs
+    under auto and the budget (`held`: its probe steps are outside the measured steps)."""
     fixed = plan_overrides(label)
     overrides = [*base, *fixed] if fixed is not None else [*held, "memory.plan=auto", "memory.select=probes"]
     s = prober.run(overrides, batch, name, **TIMED)
@@ -184,9 +184,9 @@ def time_plans(row: Dict[str, Any], prober: Prober, malloc: str = "cached") -> N
     """Throughput, after the searches: each plan at its own largest batch, one job after the other, with glibc's
     malloc as `malloc` says (memory.cpu_malloc; a job held to the budget keeps its own: live)."""
     model, n0 = row["model"], row["none"]["max_batch"]
-    held = [f"model={model}", "device=cpu", f"data.image_size={row['image_size']}",
-            f"memory.budget_gb={row['budget_bytes'] / 2**30!r}"]
-    base = [*held[:3], f"memory.cpu_malloc={malloc}"]
+    common = [f"model={model}", "device=cpu", f"data.image_size={row['image_size']}"]
+    held = [*common, f"memory.budget_gb={row['budget_bytes'] / 2**30!r}"]
+    base = [*common, f"memory.cpu_malloc={malloc}"]
     row["timed_cpu_malloc"] = malloc
     for plan in ("none", "recompute", "auto"):
         p = row.get(plan) or {}

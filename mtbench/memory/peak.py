@@ -86,6 +86,14 @@ def _mallopt(settings: Dict[int, int]) -> Optional[str]:
     return None
 
 
+def _hold(setting: str, params: Dict[int, int], threshold: int, note: str) -> Dict[str, Any]:
+    """mallopt(params) for memory.cpu_malloc=`setting`: what was set, for summary.json, or why nothing was."""
+    why_not = _mallopt(params)
+    if why_not is not None:
+        return {"setting": setting, "mmap_threshold_bytes": None, "note": why_not}
+    return {"setting": setting, "mmap_threshold_bytes": threshold, "note": note}
+
+
 def hold_malloc_to_live_memory() -> Dict[str, Any]:
     """Make the process's resident memory follow the memory it holds: glibc's mmap threshold fixed at 128 KiB
     (memory.cpu_malloc=live; `auto` for a CPU job held to a budget).
@@ -98,12 +106,9 @@ def hold_malloc_to_live_memory() -> Dict[str, Any]:
     threshold, 694 MiB with it fixed, for 615 MiB of tensors at the peak. `mallopt` fixes it (and turns the
     dynamic adjustment off) for the rest of the process; large tensors then cost a page fault per page every
     time they are made. Returns what was set, for summary.json, or why nothing was (not glibc)."""
-    why_not = _mallopt({M_MMAP_THRESHOLD: MMAP_THRESHOLD_BYTES})
-    if why_not is not None:
-        return {"setting": "live", "mmap_threshold_bytes": None, "note": why_not}
-    return {"setting": "live", "mmap_threshold_bytes": MMAP_THRESHOLD_BYTES,
-            "note": "glibc's mmap threshold fixed (mallopt): freed tensors above it go back to the kernel, so the "
-                    "resident peak counts what the job holds, not what glibc keeps for reuse"}
+    return _hold("live", {M_MMAP_THRESHOLD: MMAP_THRESHOLD_BYTES}, MMAP_THRESHOLD_BYTES,
+                 "glibc's mmap threshold fixed (mallopt): freed tensors above it go back to the kernel, so the "
+                 "resident peak counts what the job holds, not what glibc keeps for reuse")
 
 
 def hold_malloc_cached() -> Dict[str, Any]:
@@ -115,21 +120,18 @@ def hold_malloc_cached() -> Dict[str, Any]:
     plans of one model pay very differently: measured (MobileNetV2 32x32, batch 56, CPU) recomputation took 0.96 s
     a step with 320,000 page faults, 0.60 s and none with this setting (plain training 0.43 s either way). The
     resident peak then counts memory glibc keeps: do not hold such a job to a budget (the peak check overstates)."""
-    why_not = _mallopt({M_MMAP_THRESHOLD: CACHED_MMAP_BYTES, M_TRIM_THRESHOLD: CACHED_TRIM_BYTES})
-    if why_not is not None:
-        return {"setting": "cached", "mmap_threshold_bytes": None, "note": why_not}
-    return {"setting": "cached", "mmap_threshold_bytes": CACHED_MMAP_BYTES,
-            "note": "glibc keeps freed memory for reuse (mmap threshold 32 MiB, no trimming): no page faults for "
-                    "tensors made again, and a resident peak above what the job holds"}
+    return _hold("cached", {M_MMAP_THRESHOLD: CACHED_MMAP_BYTES, M_TRIM_THRESHOLD: CACHED_TRIM_BYTES},
+                 CACHED_MMAP_BYTES, "glibc keeps freed memory for reuse (mmap threshold 32 MiB, no trimming): no page "
+                 "faults for tensors made again, and a resident peak above what the job holds")
 
 
 def set_cpu_malloc(mode: str, budgeted: bool) -> Optional[Dict[str, Any]]:
     """memory.cpu_malloc for a CPU job: auto (live when held to a budget, else glibc's own), glibc, live, cached.
     Returns what was set (summary.json `cpu_malloc`), None for glibc's own settings under auto."""
     if mode == "auto":
-        mode = "live" if budgeted else "glibc"
-        if mode == "glibc":
+        if not budgeted:
             return None
+        mode = "live"
     if mode == "live":
         return hold_malloc_to_live_memory()
     if mode == "cached":

@@ -99,10 +99,11 @@ def settings_from_cfg(cfg: Any) -> PlanSettings:
     share = get("recompute_share", "auto")
     if share != "auto" and (isinstance(share, bool) or not isinstance(share, int) or not 1 <= share <= 100):
         raise UsageError(f"memory.recompute_share={share!r} is not allowed; allowed: auto or a whole percentage 1-100")
-    return PlanSettings(cpu_malloc=cpu_malloc, recompute_share=None if share == "auto" else int(share), plan=plan, microbatch=int(micro), recompute=segments,
+    return PlanSettings(plan=plan, microbatch=int(micro), recompute=segments,
                         budget_bytes=None if gb is None else int(float(gb) * 2**30),
                         budget_file=None if budget_file is None else str(budget_file),
-                        expandable_segments=expandable)
+                        expandable_segments=expandable, cpu_malloc=cpu_malloc,
+                        recompute_share=None if share == "auto" else int(share))
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -195,13 +196,13 @@ def estimate_bytes(profile: BlockProfile, runs: Sequence[Tuple[int, int]]) -> in
 
 def leading_blocks(profile: BlockProfile, share: int) -> int:
     """How many blocks, from the first, save `share` % of the activation bytes (at least one)."""
-    total, want = sum(profile.saved_bytes), sum(profile.saved_bytes) * share / 100
+    want = sum(profile.saved_bytes) * share / 100
     acc = 0
     for k, b in enumerate(profile.saved_bytes, 1):
         acc += b
         if acc >= want:
             return k
-    return max(1, len(profile.saved_bytes)) if total else 1
+    return 1  # no blocks
 
 
 def partition(profile: BlockProfile, segments: int, share: int = 100) -> List[Tuple[int, int]]:

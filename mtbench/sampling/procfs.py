@@ -100,15 +100,23 @@ class _ProcFiles:
                 pass
 
 
-def parse_proc(stat: bytes, statm: bytes, children: bool = False) -> Tuple[int, int]:
-    """(CPU ticks, RSS bytes) of one process from its /proc/<pid>/stat and statm; with `children`, the CPU
-    ticks include those of every child it has waited for (and theirs, recursively)."""
+def parse_stat(stat: bytes) -> Tuple[bytes, int, int, int]:
+    """(state, ppid, its own CPU ticks, the CPU ticks of every child it has waited for and theirs) of one process
+    from its /proc/<pid>/stat."""
     # the command name in field 2 may contain spaces: split after its closing parenthesis
     rest = stat.rsplit(b")", 1)[1].split()
-    ticks = int(rest[11]) + int(rest[12])  # utime + stime: fields 14, 15
-    if children:
-        ticks += int(rest[13]) + int(rest[14])  # cutime + cstime: fields 16, 17
-    return ticks, int(statm.split()[1]) * PAGE_SIZE
+    # fields 3, 4; utime + stime: 14, 15; cutime + cstime: 16, 17
+    return rest[0], int(rest[1]), int(rest[11]) + int(rest[12]), int(rest[13]) + int(rest[14])
+
+
+def parse_rss(statm: bytes) -> int:
+    """Resident bytes of one process from its /proc/<pid>/statm."""
+    return int(statm.split()[1]) * PAGE_SIZE
+
+
+def parse_proc(stat: bytes, statm: bytes) -> Tuple[int, int]:
+    """(CPU ticks, RSS bytes) of one process from its /proc/<pid>/stat and statm."""
+    return parse_stat(stat)[2], parse_rss(statm)
 
 
 def parse_meminfo(text: bytes) -> Optional[int]:
@@ -163,11 +171,8 @@ class _TreeLedger:
     def _parse(files) -> Optional[Tuple[int, int, int, bytes, int]]:
         """(ticks with the waited-for children's, ppid, the waited-for ticks, state, RSS) of one member."""
         try:
-            stat, statm = files
-            rest = stat.rsplit(b")", 1)[1].split()
-            waited = int(rest[13]) + int(rest[14])
-            rss = int(statm.split()[1]) * PAGE_SIZE
-            return int(rest[11]) + int(rest[12]) + waited, int(rest[1]), waited, rest[0], rss
+            state, ppid, own, waited = parse_stat(files[0])
+            return own + waited, ppid, waited, state, parse_rss(files[1])
         except (IndexError, ValueError):
             return None
 
@@ -403,7 +408,7 @@ class ProcfsSensor(Sensor):
         # a zombie (exited, not yet waited for): its CPU time is final and still right, its statm all zeros
         zombie = statm is not None and statm.split()[:1] == [b"0"]
         try:
-            rss: Optional[int] = int(statm.split()[1]) * PAGE_SIZE if statm is not None and not zombie else None
+            rss: Optional[int] = parse_rss(statm) if statm is not None and not zombie else None
             if isinstance(cpu, bytes):
                 ticks: Optional[float] = float(parse_proc(cpu, statm)[0]) if statm is not None else None
             else:  # the CPU clock counts nanoseconds: in ticks, as /proc/<pid>/stat says them, with the fraction
