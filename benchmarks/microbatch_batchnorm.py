@@ -45,7 +45,7 @@ def main(argv) -> None:
     report("3-convolution CNN with BatchNorm, 8x8, batch 16", workload(batchnorm=True, batch=16))
     cfg = compose_cfg([f"model={opts['model']}", f"data.image_size={size}", f"batch={batch}"])
     torch.manual_seed(0)
-    w = instantiate(cfg.model.workload)
+    w = instantiate(cfg.model.workload, "model.workload")
     w.setup(SetupContext(torch.device("cpu"), batch, Synthetic(image_size=size), seed=0, batches=1))
     report(f"{opts['model']}, {size}x{size}, batch {batch}", w)
 

@@ -31,7 +31,7 @@ def bare_loop(cfg, steps: int, warmup: int) -> float:
     import torch
 
     device = resolve_device(cfg.device.name)
-    workload = instantiate(cfg.model.workload)
+    workload = instantiate(cfg.model.workload, "model.workload")
     workload.setup(SetupContext(device, cfg.batch, Synthetic(), cfg.seed, min(MAX_PREPARED_BATCHES, warmup + steps)))
     times = []
     for i in range(warmup + steps):

@@ -50,7 +50,7 @@ def build(model: str, batch: int):
     with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
         cfg = compose(config_name="config", overrides=[f"model={model}", f"batch={batch}", "device=auto"])
     device = resolve_device(cfg.device.name)
-    workload = instantiate(cfg.model.workload)
+    workload = instantiate(cfg.model.workload, "model.workload")
     workload.setup(SetupContext(device, batch, Synthetic(), 0, 4))
     return workload, device
 

@@ -52,7 +52,7 @@ def model_rows(overrides: Sequence[str] = (), names: Optional[Sequence[str]] = N
 
 def _row(name: str, cfg: Any) -> ModelRow:
     with torch.device("meta"):  # shapes only: a 140M-parameter VGG costs nothing to build
-        workload = instantiate(cfg.model.workload)
+        workload = instantiate(cfg.model.workload, "model.workload")
     params = workload.parameter_count()
     try:
         flops, note = training_flops_per_sample(workload, cfg)
@@ -89,7 +89,7 @@ def _synthetic(cfg: Any):
     from mtbench.data import Synthetic
 
     if str(cfg.data.get("_target_", "")).endswith(".Synthetic"):
-        return instantiate(cfg.data)
+        return instantiate(cfg.data, "data")
     return Synthetic(image_size=cfg.data.get("image_size", 32))
 
 

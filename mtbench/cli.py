@@ -15,7 +15,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from mtbench.config import GROUPS, check_targets, conf_dir, group_options, positive_float, positive_int
+from mtbench.config import GROUPS, check_target, check_targets, conf_dir, group_options, positive_float, positive_int
 from mtbench.errors import UsageError
 from mtbench.sweep import override_values
 
@@ -52,9 +52,10 @@ def check_overrides(args: List[str]) -> None:
         values = override_values(override)
         if values is None:
             continue
-        if key.endswith("_target_"):
+        if key.endswith("_target_") and not key.startswith("hydra."):  # Hydra's own nodes (launcher, sweeper)
+            where = key[:-len("_target_")].rstrip(".")
             for value in values:
-                check_targets({"_target_": value}, key)
+                check_target(str(value), where)
         elif key in GROUPS:
             allowed = group_options(key)
             for value in values:

@@ -4,9 +4,10 @@ from __future__ import annotations
 import importlib
 import inspect
 import sys
+import typing
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 from mtbench.errors import UsageError
 
@@ -35,12 +36,42 @@ def group_options(group: str) -> List[str]:
     return sorted(p.stem for p in folder.glob("*.yaml") if not p.stem.startswith("_"))
 
 
-def instantiate(node: Any, **kwargs: Any) -> Any:
-    """hydra.utils.instantiate restricted to ALLOWED_TARGET_PREFIXES (`check_targets`, recursively)."""
+# What each config node may build, judged on the resolved object (not on its dotted name): the node's path
+# decides the kind. Base classes are named as strings so that this lowest layer imports neither torch nor the
+# layers that define them; a config can only name existing objects, and their module and qualified name are
+# what their definition made them.
+WORKLOAD_BASE = "mtbench.workload.Workload"
+DATA_BASE = "mtbench.data.DataSource"
+MODULE_BASE = "torch.nn.modules.module.Module"
+OPTIMIZER_BASE = "torch.optim.optimizer.Optimizer"
+CALLBACK_BASE = "hydra.experimental.callback.Callback"
+KINDS = {
+    "workload": "a Workload subclass",
+    "data": "a data source class (a DataSource subclass)",
+    "part": "an nn.Module (a subclass, or a function declared to return one) or a torch.optim.Optimizer subclass",
+    "callback": "a Hydra Callback subclass",
+}
+
+
+def node_kind(where: str) -> Optional[str]:
+    """The kind of object the config node at dotted path `where` builds, or None where no `_target_` belongs."""
+    if where == "data":
+        return "data"
+    if where == "model.workload":
+        return "workload"
+    if where.startswith(("model.workload.", "model.workload[")):
+        return "part"  # a workload's network(s) and optimizer(s), at any depth
+    if where.startswith("hydra.callbacks."):
+        return "callback"
+    return None
+
+
+def instantiate(node: Any, where: str, **kwargs: Any) -> Any:
+    """hydra.utils.instantiate of the config node at dotted path `where`, after `check_targets` allowed it."""
     from hydra.errors import InstantiationException
     from hydra.utils import instantiate as hydra_instantiate
 
-    check_targets(node)
+    check_targets(node, where)
     try:
         return hydra_instantiate(node, **kwargs)
     except InstantiationException as exc:
@@ -54,34 +85,65 @@ def instantiate(node: Any, **kwargs: Any) -> Any:
 
 
 def check_targets(node: Any, where: str = "") -> None:
-    """Every `_target_` in `node` (a config, recursively) names an allowed callable, or a UsageError says which.
+    """Every `_target_` in `node` (the config node at dotted path `where`, recursively) builds the kind of object
+    its place allows (`node_kind`), or a UsageError says which and why.
 
     The dotted name must start with an allowed prefix, and so must the module that defines what it resolves
-    to: `mtbench.sample_cli.os.system` starts with "mtbench." but is os.system (defined in posix).
+    to: `mtbench.sample_cli.os.system` starts with "mtbench." but is os.system (defined in posix). Then the
+    resolved object must be of its node's kind: `data._target_=mtbench.results.atomic_write` is a function
+    under mtbench, but not a data source.
     """
     from omegaconf import DictConfig, ListConfig
 
     if isinstance(node, (dict, DictConfig)):
         target = node.get("_target_")
         if target is not None:
-            _check_target(str(target), where)
+            check_target(str(target), where)
         for key, value in node.items():
-            check_targets(value, f"{where}.{key}" if where else str(key))
+            if key != "_target_":
+                check_targets(value, f"{where}.{key}" if where else str(key))
     elif isinstance(node, (list, ListConfig)):
         for i, value in enumerate(node):
             check_targets(value, f"{where}[{i}]")
 
 
-def _check_target(target: str, where: str) -> None:
+def check_target(target: str, where: str) -> None:
+    """The one `_target_` of the node at `where` is allowed (see `check_targets`), or a UsageError says why."""
     at = f" at {where}" if where else ""
     allowed = f"allowed: callables defined under {', '.join(ALLOWED_TARGET_PREFIXES)}"
     if not target.startswith(ALLOWED_TARGET_PREFIXES):
         raise UsageError(f"_target_ '{target}'{at} is not allowed; {allowed}")
     obj = _resolve(target, at)
     defined_in = obj.__name__ if inspect.ismodule(obj) else getattr(obj, "__module__", None)
+    what = "a module" if inspect.ismodule(obj) else f"{getattr(obj, '__qualname__', type(obj).__name__)} from {defined_in}"
     if inspect.ismodule(obj) or not callable(obj) or not (str(defined_in) + ".").startswith(ALLOWED_TARGET_PREFIXES):
-        what = "a module" if inspect.ismodule(obj) else f"{getattr(obj, '__qualname__', type(obj).__name__)} from {defined_in}"
         raise UsageError(f"_target_ '{target}'{at} is {what}, which is not allowed; {allowed}")
+    kind = node_kind(where)
+    if kind is None:
+        raise UsageError(f"_target_ '{target}'{at}: no _target_ belongs there; allowed: a _target_ at data, "
+                         "model.workload or inside model.workload")
+    if not _is_kind(obj, kind):
+        raise UsageError(f"_target_ '{target}'{at} is {what}, not {KINDS[kind]}; allowed there: {KINDS[kind]}")
+
+
+def _bases(cls: Any) -> List[str]:
+    return [f"{base.__module__}.{base.__qualname__}" for base in inspect.getmro(cls)]
+
+
+def _is_kind(obj: Any, kind: str) -> bool:
+    if kind == "part":
+        if inspect.isclass(obj):
+            bases = _bases(obj)
+            return MODULE_BASE in bases or OPTIMIZER_BASE in bases
+        if inspect.isfunction(obj):  # a network factory (torchvision's builders, models.cifar_variants)
+            try:
+                returns = typing.get_type_hints(obj).get("return")
+            except Exception:  # an annotation that does not resolve declares nothing
+                return False
+            return inspect.isclass(returns) and MODULE_BASE in _bases(returns)
+        return False
+    base = {"workload": WORKLOAD_BASE, "data": DATA_BASE, "callback": CALLBACK_BASE}[kind]
+    return inspect.isclass(obj) and base in _bases(obj)
 
 
 def _resolve(target: str, at: str) -> Any:

@@ -352,7 +352,7 @@ def test_every_cnn_offers_blocks_that_reproduce_its_forward(model):
     from mtbench.config import instantiate
 
     cfg = compose_cfg([f"model={model}"])  # 32x32: VGG's five pools need it
-    w = instantiate(cfg.model.workload)
+    w = instantiate(cfg.model.workload, "model.workload")
     blocks = w.blocks()
     assert blocks is not None and len(blocks) >= 8, model
     w.net.eval()
@@ -369,7 +369,7 @@ def test_recompute_in_a_real_cnn_gives_the_same_gradients():
 
     cfg = compose_cfg(["model=mobilenetv2", "data.image_size=8", "model.workload.net.width_mult=0.25", "batch=4"])
     torch.manual_seed(0)
-    w = instantiate(cfg.model.workload)
+    w = instantiate(cfg.model.workload, "model.workload")
     w.setup(SetupContext(torch.device("cpu"), 4, Synthetic(image_size=8), seed=0, batches=1))
     plain = grads_after_step(w, NONE)
     recomputed = grads_after_step(w, MemoryPlan(segments=AUTO_SEGMENTS))
@@ -388,8 +388,8 @@ def test_microbatches_in_sequence_models_give_the_gradients_of_the_full_batch(mo
 
     cfg = compose_cfg([f"model={model}", "batch=4", *overrides])
     torch.manual_seed(0)
-    w = instantiate(cfg.model.workload)
-    w.setup(SetupContext(torch.device("cpu"), 4, instantiate(cfg.data), seed=0, batches=1))
+    w = instantiate(cfg.model.workload, "model.workload")
+    w.setup(SetupContext(torch.device("cpu"), 4, instantiate(cfg.data, "data"), seed=0, batches=1))
     assert w.blocks() is None  # recomputation: CNNs only (see README)
     full = grads_after_step(w, NONE)
     micro = grads_after_step(w, MemoryPlan(microbatch=2))

@@ -71,7 +71,7 @@ def _smallest_maps(net: nn.Module, size: int):
 def test_no_cnn_collapses_a_cifar_image(model):
     cfg = compose_cfg([f"model={model}"])
     with torch.device("meta"):
-        net = instantiate(cfg.model.workload.net)
+        net = instantiate(cfg.model.workload.net, "model.workload.net")
     seen, out = _smallest_maps(net.train(), 32)
     assert seen >= 4 and out >= 4, f"{model}: a layer sees a {seen}-pixel map, outputs {out}"
 
@@ -82,7 +82,7 @@ def test_imagenet_variant_is_torchvisions():
     cfg = compose_cfg(["model=resnet50", "model.workload.net.variant=imagenet", "data.image_size=224"])
     assert list(cfg.model.workload.input_shape) == [3, 224, 224]
     with torch.device("meta"):
-        net = instantiate(cfg.model.workload.net)
+        net = instantiate(cfg.model.workload.net, "model.workload.net")
         ref = torchvision.models.resnet50(weights=None, num_classes=10)
     assert str(net) == str(ref)
     assert _smallest_maps(net, 224)[0] == 7 * 7  # the ImageNet form ends at 7x7 for 224x224 inputs
@@ -93,7 +93,7 @@ def test_unknown_variant_is_a_usage_error():
 
     cfg = compose_cfg(["model=mobilenetv2", "model.workload.net.variant=tiny"])
     with pytest.raises(UsageError, match=r"variant='tiny' is not known; allowed: cifar, imagenet"):
-        instantiate(cfg.model.workload.net)
+        instantiate(cfg.model.workload.net, "model.workload.net")
 
 
 def test_seq2seq_step_copies_nothing_to_the_host():
@@ -104,7 +104,7 @@ def test_seq2seq_step_copies_nothing_to_the_host():
 
     cfg = compose_cfg(["model=seq2seq", "model.workload.hidden=8", "model.workload.layers=1"])
     with torch.device("meta"):
-        workload = instantiate(cfg.model.workload)
+        workload = instantiate(cfg.model.workload, "model.workload")
     data = Synthetic(src_vocab=50, tgt_vocab=40, mean_sentence=4.0, max_sentence=6)
     workload.setup(SetupContext(device=torch.device("meta"), batch_size=3, data=data, seed=0, batches=1))
     src, src_len, _, _ = workload.batches[0]

@@ -1,4 +1,5 @@
-"""The `_target_` allow-list judges what a target resolves to, not how its dotted name starts."""
+"""The `_target_` allow-list judges what a target resolves to, not how its dotted name starts, and each config
+node may build only its own kind of object (a workload, a network or optimizer, a data source)."""
 from __future__ import annotations
 
 import re
@@ -8,7 +9,7 @@ from omegaconf import OmegaConf
 
 from mtbench.config import check_targets
 from mtbench.errors import UsageError
-from tests.conftest import compose_cfg
+from tests.conftest import compose_cfg, mtbench_cli
 
 
 @pytest.mark.parametrize("target, defined_in", [
@@ -33,16 +34,72 @@ def test_a_target_that_escapes_its_prefix_is_refused(target, defined_in):
     ("models.alexnet.Nope", "does not exist (models.alexnet has no 'Nope')"),
 ])
 def test_outside_or_missing_targets_are_refused(target, reason):
-    with pytest.raises(UsageError, match=re.escape(f"_target_ '{target}' at net {reason}")):
-        check_targets(OmegaConf.create({"net": {"_target_": target}}))
+    with pytest.raises(UsageError, match=re.escape(f"_target_ '{target}' at model.workload.net {reason}")):
+        check_targets(OmegaConf.create({"model": {"workload": {"net": {"_target_": target}}}}))
 
 
-@pytest.mark.parametrize("model", ["alexnet", "resnet50", "mobilenetv2", "bert", "dqn", "dcgan"])
+# Callables under mtbench. and models. that a config must not reach: each passed the prefix rule on the old main.
+# (mtbench.results.atomic_write wrote a file the config named; mtbench.sample_cli.main ran a shell command.)
+@pytest.mark.parametrize("where, target", [
+    ("data", "mtbench.results.atomic_write"),
+    ("data", "mtbench.sample_cli.main"),
+    ("data", "models.alexnet.AlexNetCIFAR"),             # a network is not a data source
+    ("model.workload", "mtbench.sample_cli.main"),
+    ("model.workload", "mtbench.data.Synthetic"),        # a data source is not a workload
+    ("model.workload", "models.alexnet.AlexNetCIFAR"),   # nor is a bare network
+    ("model.workload.net", "mtbench.results.atomic_write"),
+    ("model.workload.net", "mtbench.sample_cli.main"),
+    ("model.workload.net", "models.qa.pad_ids"),         # a function of models. that returns a tensor
+    ("model.workload.optimizer", "mtbench.sample_cli.main"),
+    ("model.workload.optimizer", "torch.optim.lr_scheduler.StepLR"),  # under torch.optim., not an Optimizer
+])
+def test_each_node_builds_only_its_kind(where, target):
+    cfg = compose_cfg(["model=alexnet"])
+    node = OmegaConf.select(cfg, where)
+    OmegaConf.update(cfg, f"{where}._target_", target, force_add=True) if node is not None else \
+        OmegaConf.update(cfg, where, {"_target_": target}, force_add=True)
+    with pytest.raises(UsageError) as err:
+        check_targets(cfg)
+    message = str(err.value)
+    assert "\n" not in message and f"_target_ '{target}' at {where}" in message, message
+    assert "not allowed" in message or "allowed there:" in message, message
+
+
+def test_a_target_where_no_object_is_built_is_refused():
+    cfg = compose_cfg(["model=alexnet"])
+    OmegaConf.update(cfg, "sampler.hook", {"_target_": "models.alexnet.AlexNetCIFAR"}, force_add=True)
+    with pytest.raises(UsageError, match=r"at sampler\.hook: no _target_ belongs there"):
+        check_targets(cfg)
+
+
+@pytest.mark.parametrize("target", ["mtbench.results.atomic_write", "mtbench.sample_cli.main"])
+def test_the_command_line_cannot_name_an_mtbench_function_as_data(target, tmp_path):
+    victim = tmp_path / "victim"
+    proc = mtbench_cli("model=squeezenet", f"data._target_={target}", f"+data.path={victim}", "+data.data=x",
+                       "+data.argv=[x,--,touch," + str(victim) + "]", f"hydra.run.dir={tmp_path / 'run'}")
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "not a data source class" in lines[0], lines
+    assert not victim.exists() and not (tmp_path / "run" / "summary.json").exists()
+
+
+@pytest.mark.parametrize("model", ["alexnet", "resnet50", "mobilenetv2", "bert", "dqn", "dcgan", "char_rnn",
+                                   "seq2seq", "bidaf", "densenet40", "xception"])
 def test_every_shipped_config_passes(model):
     check_targets(compose_cfg([f"model={model}"]))
 
 
+@pytest.mark.parametrize("data", ["synthetic", "cifar10", "shakespeare", "squad", "iwslt15", "atari"])
+def test_every_shipped_data_source_passes(data):
+    check_targets(compose_cfg(["model=alexnet", f"data={data}"]))
+
+
+def test_torchvision_builders_are_networks():
+    check_targets(compose_cfg(["model=alexnet", "model.workload.net._target_=torchvision.models.resnet18",
+                               "~model.workload.net.variant"]))
+
+
 def test_targets_in_lists_are_checked():
-    with pytest.raises(UsageError, match=r"at layers\[1\]"):
-        check_targets(OmegaConf.create({"layers": [{"_target_": "torch.optim.SGD"},
-                                                   {"_target_": "mtbench.sample_cli.os.system"}]}))
+    with pytest.raises(UsageError, match=r"at model\.workload\.layers\[1\]"):
+        check_targets(OmegaConf.create({"model": {"workload": {"layers": [
+            {"_target_": "torch.optim.SGD"}, {"_target_": "mtbench.sample_cli.os.system"}]}}}))

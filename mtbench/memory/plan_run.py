@@ -126,7 +126,7 @@ class Planner:
             from mtbench.config import instantiate
 
             with torch.device("meta"):  # what the workload can run, without allocating it
-                shell = instantiate(self.cfg.model.workload)
+                shell = instantiate(self.cfg.model.workload, "model.workload")
             self.choice = self._choose(shell, probe=False)
 
     def _chooses(self) -> bool:

@@ -117,12 +117,12 @@ class Predictor:
         # the runner prepares `batches` input batches and holds them all; one is traced (making inputs on fake
         # tensors is slow: BERT pads each example with its own ops) and the others are added as inputs
         batches = min(MAX_PREPARED_BATCHES, int(cfg.warmup) + int(cfg.steps))
-        ctx = SetupContext(device=trace_device, batch_size=batch, data=instantiate(cfg.data), seed=int(cfg.seed),
+        ctx = SetupContext(device=trace_device, batch_size=batch, data=instantiate(cfg.data, "data"), seed=int(cfg.seed),
                            batches=1)
 
         def make() -> Any:
             torch.manual_seed(int(cfg.seed))
-            return instantiate(cfg.model.workload)
+            return instantiate(cfg.model.workload, "model.workload")
 
         try:
             trace = trace_step(make, ctx, cuda_optimizers=self.device == "cuda")

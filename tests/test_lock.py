@@ -1,0 +1,146 @@
+"""The device lock in a folder every user can write: a link, FIFO or hard link another user planted there is
+refused, and no other file's bytes or mode change (the planting is done as user nobody, the lock taken as root)."""
+from __future__ import annotations
+
+import os
+import stat
+import tempfile
+
+import pytest
+import torch
+
+from mtbench.errors import UsageError
+from mtbench.runner import DeviceLock
+
+NOBODY = 65534
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="planting as another user needs root (setuid to nobody)")
+
+
+@pytest.fixture
+def shared():
+    """A folder every user may write, without the sticky bit (a shared MTBENCH_LOCK_DIR as a README might
+    suggest): the kernel's fs.protected_symlinks guards only sticky world-writable folders."""
+    folder = tempfile.mkdtemp(dir="/tmp")
+    os.chmod(folder, 0o777)
+    yield folder
+    for name in os.listdir(folder):
+        os.unlink(os.path.join(folder, name))
+    os.rmdir(folder)
+
+
+def as_nobody(action) -> None:
+    """Run `action()` in a forked child that is user nobody."""
+    pid = os.fork()
+    if pid == 0:
+        code = 3
+        try:
+            os.setgid(NOBODY)
+            os.setuid(NOBODY)
+            action()
+            code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.WEXITSTATUS(status) == 0, "the planting as nobody failed"
+
+
+def victim_file(tmp_path):
+    victim = tmp_path / "root-only" / "victim"
+    victim.parent.mkdir()
+    os.chmod(victim.parent, 0o700)
+    victim.write_bytes(b"root's own bytes\n")
+    os.chmod(victim, 0o600)
+    return victim
+
+
+def lock(folder: str, mode: str = "wait") -> DeviceLock:
+    return DeviceLock(torch.device("cpu"), mode, folder)
+
+
+def test_a_link_to_roots_file_is_refused_and_the_file_is_untouched(shared, tmp_path):
+    victim = victim_file(tmp_path)
+    before = victim.read_bytes(), stat.S_IMODE(victim.stat().st_mode)
+    as_nobody(lambda: os.symlink(victim, os.path.join(shared, "mtbench-cpu.lock")))
+    with pytest.raises(UsageError) as err:
+        lock(shared).acquire()
+    assert "is a symbolic link, refused" in str(err.value) and "\n" not in str(err.value)
+    assert (victim.read_bytes(), stat.S_IMODE(victim.stat().st_mode)) == before
+
+
+def test_a_dangling_link_into_a_root_only_folder_creates_nothing(shared, tmp_path):
+    target = tmp_path / "root-only"
+    target.mkdir()
+    os.chmod(target, 0o700)
+    as_nobody(lambda: os.symlink(target / "cron-job", os.path.join(shared, "mtbench-cpu.lock")))
+    with pytest.raises(UsageError, match="is a symbolic link, refused"):
+        lock(shared).acquire()
+    assert not (target / "cron-job").exists()
+
+
+def test_a_planted_fifo_is_refused_without_blocking(shared):
+    as_nobody(lambda: os.mkfifo(os.path.join(shared, "mtbench-cpu.lock")))
+    with pytest.raises(UsageError, match="is not a regular file, refused"):
+        lock(shared).acquire()
+
+
+def test_a_hard_link_to_roots_file_is_refused(shared, tmp_path):
+    victim = victim_file(tmp_path)
+    os.link(victim, os.path.join(shared, "mtbench-cpu.lock"))  # root may; nobody may not (protected_hardlinks)
+    with pytest.raises(UsageError, match="has 2 hard links"):
+        lock(shared).acquire()
+    assert victim.read_bytes() == b"root's own bytes\n" and stat.S_IMODE(victim.stat().st_mode) == 0o600
+
+
+def test_another_users_lock_file_is_locked_but_never_rewritten(shared):
+    path = os.path.join(shared, "mtbench-cpu.lock")
+
+    def plant():
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        os.write(fd, b"nobody's bytes")
+        os.close(fd)
+
+    as_nobody(plant)
+    held = lock(shared, "fail")
+    held.acquire()
+    try:
+        with open(path, "rb") as f:
+            assert f.read() == b"nobody's bytes"
+        assert stat.S_IMODE(os.stat(path).st_mode) == 0o644
+        with pytest.raises(UsageError, match="being measured by another mtbench job"):
+            lock(shared, "fail").acquire()  # the read-only flock still excludes
+    finally:
+        held.release()
+
+
+def test_a_lock_this_call_creates_is_shared_with_every_user(shared):
+    held = lock(shared)
+    held.acquire()
+    held.release()
+    path = os.path.join(shared, "mtbench-cpu.lock")
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o666
+    with open(path) as f:
+        assert f.read() == str(os.getpid())
+
+
+@pytest.mark.parametrize("folder", ["", "relative/locks"])
+def test_a_lock_dir_that_is_not_absolute_is_refused(folder):
+    with pytest.raises(UsageError, match="is not an absolute folder"):
+        lock(folder)
+    lock(folder, "off").acquire()  # no lock, no folder needed
+
+
+def test_an_empty_MTBENCH_LOCK_DIR_is_one_line(tmp_path):
+    env = dict(os.environ, MTBENCH_LOCK_DIR="")
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    env["PYTHONPATH"] = str(REPO)
+    proc = subprocess.run([sys.executable, "-m", "mtbench", "model=squeezenet", "batch=1", "steps=1", "warmup=0",
+                           f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "lock_dir=''" in lines[0] and "not an absolute folder" in lines[0], lines
+    assert not list(tmp_path.glob("*.lock"))
