@@ -12,9 +12,9 @@ from typing import Dict, Tuple
 import torch
 
 from mtbench.config import instantiate
-from mtbench.data import Synthetic
-from mtbench.memory.plan import NONE, MemoryPlan
-from mtbench.workload import SetupContext
+from mtbench.data.synthetic import Synthetic
+from mtbench.workload.plans import NONE, MemoryPlan
+from mtbench.workload.base import SetupContext
 from tests.test_memory_plans import compose_cfg, grads_after_step, workload
 
 

@@ -20,10 +20,10 @@ from typing import Dict, List
 from hydra import compose, initialize_config_dir
 
 from mtbench.config import conf_dir, instantiate
-from mtbench.data import Synthetic
-from mtbench.memory import release_memory
-from mtbench.runner import MAX_PREPARED_BATCHES, resolve_device, run_job
-from mtbench.workload import SetupContext
+from mtbench.data.synthetic import Synthetic
+from mtbench.device.peak import release_memory
+from mtbench.job.run import MAX_PREPARED_BATCHES, resolve_device, run_job
+from mtbench.workload.base import SetupContext
 
 
 def bare_loop(cfg, steps: int, warmup: int) -> float:

@@ -35,7 +35,7 @@ CNNS = ("alexnet", "densenet100", "densenet40", "inceptionv1", "mobilenetv2", "r
 SPEED_CHILD = r"""
 import resource, sys, time
 import torch
-from mtbench.memory.peak import current_rss_bytes
+from mtbench.device.peak import current_rss_bytes
 base = current_rss_bytes()
 t0 = time.monotonic()
 from mtbench.predict.predictor import Predictor
@@ -51,9 +51,9 @@ def run_job_child(model: str, batch: int, out_dir: str) -> None:
     from hydra import compose, initialize_config_dir
 
     from mtbench.config import conf_dir
-    from mtbench.memory import release_memory
-    from mtbench.memory.peak import current_rss_bytes
-    from mtbench.runner import run_job
+    from mtbench.device.peak import release_memory
+    from mtbench.device.peak import current_rss_bytes
+    from mtbench.job.run import run_job
 
     with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
         cfg = compose(config_name="config", overrides=[f"model={model}", f"batch={batch}", "device=cpu",

@@ -22,13 +22,13 @@ from typing import Callable
 from hydra import compose, initialize_config_dir
 
 from mtbench.config import conf_dir, instantiate
-from mtbench.data import Synthetic
-from mtbench.runner import resolve_device
+from mtbench.data.synthetic import Synthetic
+from mtbench.job.run import resolve_device
 from mtbench.sampling import Sampler
 from mtbench.sampling.jetson import JetsonSensor
 from mtbench.sampling.procfs import ProcfsSensor
 from mtbench.sampling.process import ProcessSampler
-from mtbench.workload import SetupContext
+from mtbench.workload.base import SetupContext
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tests.fake_sysfs import make_tx2  # noqa: E402  (the same fake tree the tests use)

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from models.qa import pad_ids, word_index
-from mtbench.workload import SetupContext, Workload, optimizer_from
+from mtbench.workload.base import SetupContext, Workload, optimizer_from
 
 PAD, UNK, CLS, SEP = 0, 1, 2, 3
 

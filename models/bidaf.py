@@ -18,8 +18,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from models.qa import pad_ids, word_index
-from mtbench.data import QAExample
-from mtbench.workload import SetupContext, Workload, optimizer_from
+from mtbench.data.base import QAExample
+from mtbench.workload.base import SetupContext, Workload, optimizer_from
 
 PAD, UNK = 0, 1
 

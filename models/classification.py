@@ -6,8 +6,8 @@ from typing import Any, Dict, List, Optional, Sequence
 import torch
 import torch.nn.functional as F
 
-from mtbench.memory.plan_blocks import sequential_blocks
-from mtbench.workload import SetupContext, Workload, optimizer_from
+from mtbench.workload.blocks import sequential_blocks
+from mtbench.workload.base import SetupContext, Workload, optimizer_from
 
 
 class ImageClassification(Workload):

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mtbench.workload import SetupContext, Workload, optimizer_from
+from mtbench.workload.base import SetupContext, Workload, optimizer_from
 
 
 def _init(m: nn.Module) -> None:

@@ -5,7 +5,7 @@ from typing import Dict, List, Sequence
 
 import torch
 
-from mtbench.data import QAExample
+from mtbench.data.base import QAExample
 from mtbench.data.text import build_vocab
 
 

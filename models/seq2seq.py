@@ -16,8 +16,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from mtbench.data import BOS, EOS
-from mtbench.workload import SetupContext, Workload, optimizer_from
+from mtbench.data.base import BOS, EOS
+from mtbench.workload.base import SetupContext, Workload, optimizer_from
 
 
 class AttentionSeq2Seq(nn.Module):

@@ -1,6 +1,7 @@
+"""`python -m mtbench`: the same as the `mtbench` command."""
 from __future__ import annotations
 
-from mtbench.cli import main
+from mtbench.commands.cli import main
 
 if __name__ == "__main__":
     main()

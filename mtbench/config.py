@@ -11,6 +11,13 @@ from typing import Any, Dict, List, Optional
 
 from mtbench.errors import UsageError
 
+LOCK_MODES = ("wait", "fail", "off")  # device_lock: wait for another job's device, fail at once, or no lock
+INT_KEYS = {"batch": 1, "steps": 1, "warmup": 0, "seed": 0}
+FLOAT_KEYS = ("sampler.interval_ms",)
+BOOL_KEYS = ("profile", "cudnn_benchmark", "resume", "allow_parallel")
+# what a job returns to a Hydra sweeper (`objective=...`), and the direction a sweeper should take
+OBJECTIVES = {"step_time_s": "minimize", "throughput": "maximize", "energy_per_sample_j": "minimize"}
+
 # Config groups whose option a user picks on the command line (`model=vgg19`); each is a folder in conf/.
 GROUPS = ("model", "data", "device", "sampler", "target", "experiment")
 
@@ -40,8 +47,8 @@ def group_options(group: str) -> List[str]:
 # decides the kind. Base classes are named as strings so that this lowest layer imports neither torch nor the
 # layers that define them; a config can only name existing objects, and their module and qualified name are
 # what their definition made them.
-WORKLOAD_BASE = "mtbench.workload.Workload"
-DATA_BASE = "mtbench.data.DataSource"
+WORKLOAD_BASE = "mtbench.workload.base.Workload"
+DATA_BASE = "mtbench.data.base.DataSource"
 MODULE_BASE = "torch.nn.modules.module.Module"
 OPTIMIZER_BASE = "torch.optim.optimizer.Optimizer"
 CALLBACK_BASE = "hydra.experimental.callback.Callback"
@@ -89,7 +96,7 @@ def check_targets(node: Any, where: str = "") -> None:
     its place allows (`node_kind`), or a UsageError says which and why.
 
     The dotted name must start with an allowed prefix, and so must the module that defines what it resolves
-    to: `mtbench.sample_cli.os.system` starts with "mtbench." but is os.system (defined in posix). Then the
+    to: `mtbench.commands.sample.os.system` starts with "mtbench." but is os.system (defined in posix). Then the
     resolved object must be of its node's kind: `data._target_=mtbench.results.atomic_write` is a function
     under mtbench, but not a data source.
     """
@@ -221,3 +228,60 @@ def choice(key: str, value: Any, allowed: Any) -> str:
     if value not in allowed:
         raise UsageError(f"{key}={value!r} is not known; allowed: {', '.join(allowed)}")
     return str(value)
+
+
+def override_values(override: Any) -> Optional[List[Any]]:
+    """Every value a parsed override stands for (a sweep expanded), or None where it cannot be listed (glob)."""
+    if not override.is_sweep_override():
+        return [override.value()]
+    try:
+        return list(override.sweep_iterator())
+    except Exception:
+        return None
+
+
+def check_overrides(args: List[str]) -> None:
+    """Reject unknown config-group options and out-of-range numbers among the command-line overrides."""
+    from hydra._internal.utils import get_args_parser
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    try:
+        parsed = get_args_parser().parse_args(args)
+    except SystemExit:  # argparse already printed its one-line usage error
+        raise
+    try:
+        overrides = OverridesParser.create().parse_overrides(parsed.overrides)
+    except HydraException as exc:
+        raise UsageError(str(exc).splitlines()[0]) from None
+    for override in overrides:
+        if override.is_delete():
+            continue
+        key = override.key_or_group
+        values = override_values(override)
+        if values is None:
+            continue
+        if key.endswith("_target_") and not key.startswith("hydra."):  # Hydra's own nodes (launcher, sweeper)
+            where = key[:-len("_target_")].rstrip(".")
+            for value in values:
+                check_target(str(value), where)
+        elif key in GROUPS:
+            allowed = group_options(key)
+            for value in values:
+                if str(value) not in allowed:
+                    raise UsageError(f"{key}={value!r} is not known; allowed: {', '.join(allowed)}")
+        elif key in INT_KEYS:
+            for value in values:
+                positive_int(key, value, minimum=INT_KEYS[key])
+        elif key in FLOAT_KEYS:
+            for value in values:
+                positive_float(key, value)
+        elif key in BOOL_KEYS:
+            for value in values:
+                if not isinstance(value, bool):
+                    raise UsageError(f"{key}={value!r} is not known; allowed: true, false")
+        elif key in ("objective", "device_lock"):
+            allowed = list(OBJECTIVES) if key == "objective" else LOCK_MODES
+            for value in values:
+                if value not in allowed:
+                    raise UsageError(f"{key}={value!r} is not known; allowed: {', '.join(allowed)}")

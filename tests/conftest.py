@@ -14,7 +14,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from mtbench import config
-from mtbench.runner import run_job
+from mtbench.job.run import run_job
 
 REPO = Path(__file__).resolve().parent.parent
 # the tests' jobs take their device locks in a folder of their own: an mtbench run elsewhere on this machine

@@ -6,7 +6,7 @@ from typing import List
 
 import torch
 
-from mtbench.workload import SetupContext, Workload
+from mtbench.workload.base import SetupContext, Workload
 
 
 class _Base(Workload):

@@ -15,7 +15,7 @@ from tests.conftest import compose_cfg  # noqa: E402
 config.ALLOWED_TARGET_PREFIXES = config.ALLOWED_TARGET_PREFIXES + ("tests.",)
 
 if __name__ == "__main__":
-    from mtbench.runner import run_isolated
+    from mtbench.job.run import run_isolated
 
     try:
         summary = run_isolated(compose_cfg(sys.argv[2:]), Path(sys.argv[1]))

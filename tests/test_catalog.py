@@ -6,7 +6,7 @@ import torch
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence
 
-from mtbench.catalog import _conv_backward_mapping, _FastLSTM, model_rows
+from mtbench.report.catalog import _conv_backward_mapping, _FastLSTM, model_rows
 from mtbench.config import group_options
 
 try:

@@ -97,7 +97,7 @@ def test_ctrl_c_writes_an_interrupted_summary_and_exits_130(tmp_path):
 
 
 def test_the_end_table_lists_jobs_by_number(tmp_path):
-    from mtbench.sweep import summaries_in_job_order
+    from mtbench.campaign.sweep import summaries_in_job_order
 
     for name in ("10-alexnet-b64", "2-alexnet-b4", "1-alexnet-b2", "0-alexnet-b1"):
         (tmp_path / name).mkdir()
@@ -118,7 +118,7 @@ def test_help_lists_choices_not_bases():
 def test_objective_is_what_a_sweeper_gets():
     import math
 
-    from mtbench.cli import objective_value
+    from mtbench.commands.cli import objective_value
 
     ok = {"success": True, "batch_size": 4, "step_time_s": {"median": 0.5}, "throughput_samples_per_s": 8.0,
           "energy_j": {"per_step_mean": 2.0}}
@@ -167,7 +167,7 @@ def test_optuna_searches_batch_size_by_the_objective(tmp_path):
 def test_launchers_that_run_jobs_at_once_here_need_allow_parallel(launcher, parallel):
     from omegaconf import OmegaConf
 
-    from mtbench.sweep import sweep_problem
+    from mtbench.campaign.sweep import sweep_problem
 
     for allow in (False, True):
         cfg = OmegaConf.create({"hydra": {"launcher": launcher}, "allow_parallel": allow, "objective": "step_time_s",
@@ -193,7 +193,7 @@ def test_help_of_subcommands_and_of_a_sweep():
     assert proc.returncode == 0 and "== Configuration groups ==" in proc.stdout, proc.stderr
 
 
-@pytest.mark.parametrize("target", ["mtbench.sample_cli.os.system", "mtbench.sample_cli.subprocess.Popen"])
+@pytest.mark.parametrize("target", ["mtbench.commands.sample.os.system", "mtbench.commands.sample.subprocess.Popen"])
 def test_a_target_outside_the_allowed_modules_is_one_line(target, tmp_path):
     proc = mtbench_cli("model=squeezenet", f"model.workload.net._target_={target}", f"hydra.run.dir={tmp_path}")
     assert proc.returncode == 2, proc.stderr

@@ -94,7 +94,7 @@ def test_cifar10_resized_to_image_size(tmp_path):
 
 
 def test_synthetic_images_follow_image_size():
-    from mtbench.data import Synthetic
+    from mtbench.data.synthetic import Synthetic
 
     (x, y), = Synthetic(image_size=224).image_batches(2, 1, (3, 224, 224), 10, seed=0)
     assert x.shape == (2, 3, 224, 224)
@@ -102,7 +102,7 @@ def test_synthetic_images_follow_image_size():
 
 @pytest.mark.parametrize("make", ["synthetic", "cifar10"])
 def test_a_model_of_another_size_is_told_which_to_set(tmp_path, make):
-    from mtbench.data import Synthetic
+    from mtbench.data.synthetic import Synthetic
     from mtbench.errors import UsageError
 
     write_cifar(tmp_path)
@@ -114,7 +114,7 @@ def test_a_model_of_another_size_is_told_which_to_set(tmp_path, make):
 
 @pytest.mark.parametrize("value", [0, "big", 1.5])
 def test_bad_image_size_is_one_line(value):
-    from mtbench.data import Synthetic
+    from mtbench.data.synthetic import Synthetic
     from mtbench.errors import UsageError
 
     with pytest.raises(UsageError, match=r"^data.image_size="):

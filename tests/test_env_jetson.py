@@ -6,7 +6,7 @@ from typing import List, Optional
 
 import torch
 
-from mtbench import env
+from mtbench.device import env
 
 TX2_RELEASE = "# R32 (release), REVISION: 7.1, GCID: 29818004, BOARD: t186ref, EABI: aarch64, DATE: Sat Feb 19 17:05:08 UTC 2022\n"
 TX2_NVPMODEL = """< PARAM TYPE=FILE NAME=CPU_ONLINE >

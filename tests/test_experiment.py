@@ -10,7 +10,7 @@ from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
-from mtbench.cli import check_overrides
+from mtbench.config import check_overrides
 from mtbench.config import conf_dir, group_options
 
 # Table II of Liu et al. 2019 as mtbench names its models (DESIGN.md "The suite")

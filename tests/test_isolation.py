@@ -138,7 +138,7 @@ def test_a_crash_while_releasing_keeps_the_jobs_results(tmp_path):
 
 
 def test_a_deferred_ctrl_c_goes_to_the_job_handler_once():
-    from mtbench.runner import _sigint_deferred
+    from mtbench.job.run import _sigint_deferred
 
     calls = []
 
@@ -161,7 +161,7 @@ def test_a_deferred_ctrl_c_goes_to_the_job_handler_once():
 
 
 def test_resume_runs_an_interrupted_job_again(tmp_path):
-    from mtbench.cli import finished_summary
+    from mtbench.commands.cli import finished_summary
     from tests.conftest import compose_cfg
     from omegaconf import OmegaConf
 
@@ -182,7 +182,7 @@ def test_the_device_lock_is_shared_by_every_user(tmp_path):
 
     import torch
 
-    from mtbench.runner import DeviceLock
+    from mtbench.job.run import DeviceLock
 
     shared = tempfile.mkdtemp(dir="/tmp")
     os.chmod(shared, 0o1777)  # like /tmp itself

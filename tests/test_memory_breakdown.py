@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from mtbench.memory.breakdown import PARTS, breakdown_bytes, fragmentation_bytes
+from mtbench.workload.breakdown import PARTS, breakdown_bytes, fragmentation_bytes
 
 CPU = torch.device("cpu")
 try:
@@ -157,7 +157,7 @@ class WideMLP(TinyCNN):
 
 @needs_tracker
 def test_optimizer_update_temporaries_are_other_not_state(monkeypatch):
-    from mtbench.memory import breakdown
+    from mtbench.device.peak import breakdown
 
     workload = WideMLP()
     count = sum(p.numel() for p in workload.net.parameters())

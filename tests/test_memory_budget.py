@@ -8,8 +8,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from mtbench.memory import budget
-from mtbench.memory.targets import Target, load_target
+from mtbench.device import budget
+from mtbench.device.targets import Target, load_target
 from tests.conftest import compose_cfg
 
 CPU = torch.device("cpu")
@@ -51,8 +51,8 @@ def test_the_runtime_held_before_the_model_is_taken_off_the_peak():
 
 
 def test_current_rss_grows_with_a_touched_buffer_and_stays_below_the_high_water_mark():
-    from mtbench.memory import current_rss_bytes
-    from mtbench.memory.peak import _read_hwm_bytes
+    from mtbench.device.peak import current_rss_bytes
+    from mtbench.device.peak import _read_hwm_bytes
 
     before = current_rss_bytes()
     buffer = torch.ones(64 * 2**20, dtype=torch.uint8)  # 64 MiB, every page written
@@ -98,8 +98,8 @@ def test_cuda_cap_gives_a_real_out_of_memory_error():
 # own, so that this process's allocator keeps its settings.
 _HELD_SCRIPT = """
 import sys, torch
-from mtbench.memory import budget, current_rss_bytes
-from mtbench.memory.targets import load_target
+from mtbench.device import budget, current_rss_bytes
+from mtbench.device.targets import load_target
 if sys.argv[1] == "held":
     assert budget.apply_budget(load_target("nano"), torch.device("cpu"))["cpu_malloc"]["mmap_threshold_bytes"]
 big = torch.ones(16 * 2**20, dtype=torch.uint8)  # a mapping of its own; freeing it raises a dynamic threshold
@@ -136,7 +136,7 @@ def test_a_preloaded_allocator_is_said_not_glibc(tmp_path):
     (tmp_path / "shim.c").write_text("#include <stddef.h>\nextern void *__libc_malloc(size_t);\n"
                                      "void *malloc(size_t n) { return __libc_malloc(n); }\n")
     subprocess.run([cc, "-shared", "-fPIC", "-o", str(tmp_path / "shim.so"), str(tmp_path / "shim.c")], check=True)
-    code = "from mtbench.memory.peak import hold_malloc_to_live_memory as h; print(h()['mmap_threshold_bytes'])"
+    code = "from mtbench.device.peak import hold_malloc_to_live_memory as h; print(h()['mmap_threshold_bytes'])"
     env = dict(__import__("os").environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
     plain = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     preloaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
@@ -154,7 +154,7 @@ def test_cpu_malloc_settings_change_how_often_a_tensor_is_faulted_in():
 
     code = """
 import resource, sys, torch
-from mtbench.memory.peak import set_cpu_malloc
+from mtbench.device.peak import set_cpu_malloc
 print(set_cpu_malloc(sys.argv[1], budgeted=False)["mmap_threshold_bytes"])
 for _ in range(10):  # glibc settles (its heap grows for the first few)
     x = torch.ones(6 * 2 ** 20); del x

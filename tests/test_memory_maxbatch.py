@@ -7,8 +7,8 @@ from typing import List
 
 import pytest
 
-from mtbench.memory import maxbatch
-from mtbench.memory.maxbatch import Probe, search
+from mtbench.device.peak import maxbatch
+from mtbench.campaign.maxbatch import Probe, search
 
 
 def fake_board(capacity: int, kind: str = "budget", calls: List[int] = None):

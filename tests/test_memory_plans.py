@@ -11,12 +11,12 @@ import pytest
 import torch
 from torch import nn
 
-from mtbench.data import Synthetic
+from mtbench.data.synthetic import Synthetic
 from mtbench.errors import UsageError
-from mtbench.memory import plan_select
-from mtbench.memory.plan import AUTO_SEGMENTS, NONE, MemoryPlan, partition, profile_blocks, settings_from_cfg
-from mtbench.memory.plan_run import read_budget_file
-from mtbench.workload import SetupContext
+from mtbench.planning import choose as plan_select
+from mtbench.workload.plans import AUTO_SEGMENTS, NONE, MemoryPlan, partition, profile_blocks, settings_from_cfg
+from mtbench.planning.planner import read_budget_file
+from mtbench.workload.base import SetupContext
 from models.classification import ImageClassification
 from tests.conftest import compose_cfg
 
@@ -82,7 +82,7 @@ def test_without_context_fn_running_statistics_are_still_updated_once(monkeypatc
     """torch 2.0 (JetPack 5.1) has no checkpoint(context_fn=...): the recomputation updates BatchNorm's running
     statistics a second time, and the plan puts back what the forward made of them after the backward pass (here
     the newer torch is made to take that path; with micro-batches too, each micro-batch's update is kept)."""
-    from mtbench.memory import plan
+    from mtbench.workload import plans as plan
 
     w = workload(batchnorm=True, dropout=0.5)
     plain = grads_after_step(w, NONE)
@@ -98,7 +98,7 @@ def test_without_context_fn_running_statistics_are_still_updated_once(monkeypatc
 def test_without_context_fn_a_failed_backward_leaves_no_stale_statistics(monkeypatch):
     """A step that fails between its forward and the end of its backward (an OOM that a plan probe survives) must not
     leave its copies behind: the next step's statistics would be overwritten by them."""
-    from mtbench.memory import plan
+    from mtbench.workload import plans as plan
 
     w = workload(batchnorm=True)
     plain = grads_after_step(w, NONE)
@@ -242,7 +242,7 @@ def _fake_probe(batch: int):
 def test_a_probe_that_fits_in_its_first_step_takes_a_second(monkeypatch, budget, steps, peak):
     """A first step peaks lower than the later ones (the optimizer's state is made at its end): a plan whose first
     step fits runs a second and the higher peak counts; one that does not fit stops there."""
-    from mtbench.memory import budget as budget_mod
+    from mtbench.device import budget as budget_mod
 
     peaks = iter([100, 150])
     monkeypatch.setattr(budget_mod, "compared_bytes", lambda mem, runtime: next(peaks))
@@ -274,7 +274,7 @@ def test_a_new_budget_replans_between_steps_without_losing_one(run, tmp_path, mo
             budget_file.write_text("3000 bytes")
 
     monkeypatch.setattr(ImageClassification, "step", step)
-    from mtbench import memory  # mallopt stays out of this test process (it would hold for every later test)
+    from mtbench.device import peak as memory  # mallopt stays out of this test process (it would hold for every later test)
     monkeypatch.setattr(memory, "set_cpu_malloc", lambda mode, budgeted: {"mmap_threshold_bytes": 1, "note": "fake"})
     summary = run([*TINY_JOB, "batch=8", "warmup=1", "steps=5", "memory.plan=auto",
                    f"memory.budget_file={budget_file}", "memory.select=probes"])
@@ -305,8 +305,8 @@ def test_recompute_under_a_budget_takes_the_least_share_that_fits(run, monkeypat
         return {"peak_bytes": 10 * (100 - plan.share) + 100, "step_time_s": 0.01, "oom": False, "steps": 1}
 
     monkeypatch.setattr(plan_select, "probe_step", probe)
-    from mtbench import memory  # mallopt stays out of this test process (it would hold for every later test)
-    from mtbench.memory import peak
+    from mtbench.device import peak as memory  # mallopt stays out of this test process (it would hold for every later test)
+    from mtbench.device.peak import peak
 
     for module in (memory, peak):
         monkeypatch.setattr(module, "set_cpu_malloc", lambda mode, budgeted: {"note": "fake"})
@@ -450,7 +450,7 @@ def test_counting_flops_keeps_no_recomputed_activation_alive(monkeypatch):
 
     import torch.utils.flop_counter as flop_counter
 
-    from mtbench.memory.plan import default_plan
+    from mtbench.workload.base import default_plan
     from mtbench.predict.trace import trace_step
 
     ctx = SetupContext(torch.device("cpu"), 64, Synthetic(image_size=8), seed=0, batches=1)

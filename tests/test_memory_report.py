@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 
-from mtbench.console import breakdown_line
+from mtbench.results.console import breakdown_line
 from mtbench.report import make_report
 
 PARTS = {"parameters": 50 << 20, "gradients": 50 << 20, "optimizer_state": 50 << 20, "inputs": 1 << 20, "other": 5 << 20}

@@ -6,7 +6,7 @@ import yaml
 
 from mtbench.config import conf_dir, group_options
 from mtbench.errors import UsageError
-from mtbench.memory.targets import Target, load_target
+from mtbench.device.targets import Target, load_target
 from tests.conftest import compose_cfg
 
 BOARDS = ["tx2", "nano", "xavier_nx", "agx_xavier", "orin_nano", "orin_nx", "agx_orin"]

@@ -99,8 +99,8 @@ def test_unknown_variant_is_a_usage_error():
 def test_seq2seq_step_copies_nothing_to_the_host():
     # a meta tensor cannot be copied to the CPU: a step that reads lengths or indices back from the device
     # (a GPU->CPU sync inside the timed step on a GPU) raises here
-    from mtbench.data import Synthetic
-    from mtbench.workload import SetupContext
+    from mtbench.data.synthetic import Synthetic
+    from mtbench.workload.base import SetupContext
 
     cfg = compose_cfg(["model=seq2seq", "model.workload.hidden=8", "model.workload.layers=1"])
     with torch.device("meta"):

@@ -7,10 +7,10 @@ from typing import List
 import pytest
 import torch
 
-from mtbench.data import Synthetic
+from mtbench.data.synthetic import Synthetic
 from mtbench.predict import allocator, calibration
 from mtbench.predict.trace import BREAKDOWN_KEYS, trace_step
-from mtbench.workload import SetupContext, Workload
+from mtbench.workload.base import SetupContext, Workload
 
 pytest.importorskip("torch.distributed._tools.mem_tracker")
 
@@ -120,7 +120,7 @@ def _summary(folder, model, batch, step_s, peak, before):
 
 
 def test_calibrate_then_predict_uses_it(tmp_path, monkeypatch, capsys):
-    from mtbench.predict.cli import main_calibrate, main_predict
+    from mtbench.commands.predict import main_calibrate, main_predict
 
     monkeypatch.setenv(calibration.ENV_DIR, str(tmp_path / "cal"))
     sweep = tmp_path / "sweep"
@@ -146,7 +146,7 @@ def test_calibrate_then_predict_uses_it(tmp_path, monkeypatch, capsys):
     (["model=alexnet", "batch=2", "calibration=/nonexistent.json"], "is not a file"),
 ])
 def test_bad_input_is_one_line(argv, says, capsys):
-    from mtbench.predict.cli import main_predict
+    from mtbench.commands.predict import main_predict
 
     assert main_predict(argv) == 2
     err = capsys.readouterr().err.strip()
@@ -154,7 +154,7 @@ def test_bad_input_is_one_line(argv, says, capsys):
 
 
 def test_old_torch_ends_in_one_line(monkeypatch, capsys):
-    from mtbench.predict.cli import main_calibrate
+    from mtbench.commands.predict import main_calibrate
 
     monkeypatch.setattr(torch, "__version__", "2.1.0")
     assert main_calibrate(["somewhere"]) == 2

@@ -11,7 +11,7 @@ import pytest
 
 from mtbench.errors import UsageError
 from mtbench.report import make_report
-from mtbench.runner import run_job
+from mtbench.job.run import run_job
 from tests.conftest import REPO, compose_cfg, mtbench_cli
 from tests.fake_sysfs import make_tx2
 from tests.test_telemetry import TX2_POWER
@@ -77,7 +77,7 @@ def test_sweep_prints_progress_and_a_table(tmp_path):
 def test_report_of_a_mtbench_sample_folder(tmp_path):
     """Issue 8 item 12: a `mtbench-sample` output (model and batch_size null) is reported, not a crash."""
     out = tmp_path / "run"
-    proc = subprocess.run([sys.executable, "-m", "mtbench.sample_cli", "--sensors", "none", "--out", str(out), "--",
+    proc = subprocess.run([sys.executable, "-m", "mtbench.commands.sample", "--sensors", "none", "--out", str(out), "--",
                            sys.executable, "-c", "import time; time.sleep(0.2)"],
                           capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(REPO)), cwd=REPO)
     assert proc.returncode == 0, proc.stderr

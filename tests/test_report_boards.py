@@ -11,11 +11,11 @@ from typing import Any, Dict, List, Optional
 
 import pytest
 
-from mtbench import console
+from mtbench.results import console
 from mtbench.report import figures
 from mtbench.errors import UsageError
 from mtbench.report import make_report
-from mtbench.runner import run_job
+from mtbench.job.run import run_job
 from tests.conftest import compose_cfg, mtbench_cli
 from tests.fake_sysfs import make_tx2
 from tests.test_env_jetson import A57, DENVER2, TX2_NVPMODEL, TX2_RELEASE, make_jetson

@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from mtbench import results
+from mtbench.results import files as results
 
 
 def test_atomic_write_leaves_no_partial_file(tmp_path, monkeypatch):

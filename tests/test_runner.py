@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from mtbench.results import REQUIRED_KEYS, SCHEMA
-from mtbench.runner import is_oom
+from mtbench.results.files import REQUIRED_KEYS, SCHEMA
+from mtbench.job.run import is_oom
 from tests.conftest import compose_cfg, ctrl_c_raises
 
 import torch
@@ -104,7 +104,8 @@ def test_sticky_error_in_cleanup_keeps_the_recorded_failure(run, tmp_path):
 def test_a_failed_write_is_one_line_and_cleanup_still_runs(run, tmp_path, monkeypatch, capsys):
     import errno
 
-    from mtbench import results, runner
+    from mtbench.job import run as runner
+    from mtbench.results import files as results
 
     def full_disk(out_dir, summary):
         raise OSError(errno.ENOSPC, "No space left on device")
@@ -123,7 +124,7 @@ def test_a_second_ctrl_c_while_writing_waits_for_the_results(run, tmp_path, monk
     import os
     import signal
 
-    from mtbench import runner
+    from mtbench.job import run as runner
 
     real_write = runner._write
 

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from mtbench.results import REQUIRED_KEYS
+from mtbench.results.files import REQUIRED_KEYS
 from tests.conftest import REPO, ctrl_c_raises
 
 BUSY = "import time\nt = time.monotonic()\nwhile time.monotonic() - t < {s}: pass\n"
@@ -48,7 +48,7 @@ def timer_cpu_pct(stderr: str) -> float:
 
 def sample(*args, timeout=120):
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    return subprocess.run([sys.executable, "-m", "mtbench.sample_cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "mtbench.commands.sample", *args], capture_output=True, text=True,
                           timeout=timeout, env=env, cwd=REPO)
 
 
@@ -148,7 +148,7 @@ def test_second_ctrl_c_stops_the_command_and_writes_the_results(tmp_path):
     pid_file = tmp_path / "pid"
     env = dict(os.environ, PYTHONPATH=str(REPO))
     with ctrl_c_raises():
-        proc = subprocess.Popen([sys.executable, "-m", "mtbench.sample_cli", "--sensors", "none", "--kill-after-s",
+        proc = subprocess.Popen([sys.executable, "-m", "mtbench.commands.sample", "--sensors", "none", "--kill-after-s",
                                  "0.5", "--out", str(tmp_path / "out"), "--", sys.executable, "-c", STUBBORN,
                                  str(pid_file)],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO,

@@ -20,7 +20,7 @@ from mtbench.sampling import process as process_sampler
 from mtbench.sampling.procfs import ProcfsSensor
 from mtbench.sampling.process import PROCESS_TITLE, ProcessSampler, SamplerError
 from mtbench.sampling.windows import cpu_utilization, process_cpu_pct
-from mtbench.workload import SetupContext
+from mtbench.workload.base import SetupContext
 from tests.conftest import compose_cfg
 from tests.fake_sysfs import make_tx2
 from tests.fake_workloads import BusyLoop
@@ -176,7 +176,7 @@ def test_a_sampler_that_stops_answering_is_an_error_not_a_hang(monkeypatch):
 def test_unavailable_sensor_and_bad_mode_are_refused(tmp_path):
     with pytest.raises(SensorUnavailable, match="no INA3221 rails"):
         ProcessSampler(["jetson"], {"jetson": {"sysfs_root": str(tmp_path)}})
-    from mtbench.runner import Job
+    from mtbench.job.run import Job
 
     with pytest.raises(UsageError, match="sampler.mode='fast' is not known; allowed: process, thread"):
         Job(compose_cfg(["sampler.mode=fast"]), tmp_path / "job")

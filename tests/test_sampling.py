@@ -93,7 +93,7 @@ def test_counter_delta_and_integral_interpolate_at_the_edges():
 def test_sampling_and_mtbench_sample_import_no_torch():
     # the sampler is framework-agnostic: it must measure a TensorFlow or JAX program without loading torch
     code = ("import sys, mtbench.sampling, mtbench.sampling.windows, mtbench.sampling.attribution, "
-            "mtbench.sampling.jetson, mtbench.sampling.nvml, mtbench.sampling.rapl, mtbench.sample_cli, "
+            "mtbench.sampling.jetson, mtbench.sampling.nvml, mtbench.sampling.rapl, mtbench.commands.sample, "
             "mtbench.marker; print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

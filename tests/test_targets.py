@@ -13,10 +13,10 @@ from tests.conftest import compose_cfg, mtbench_cli
 
 
 @pytest.mark.parametrize("target, defined_in", [
-    ("mtbench.sample_cli.os.system", "system from posix"),
-    ("mtbench.sample_cli.subprocess.Popen", "Popen from subprocess"),
+    ("mtbench.commands.sample.os.system", "system from posix"),
+    ("mtbench.commands.sample.subprocess.Popen", "Popen from subprocess"),
     ("torch.optim.optimizer.torch.load", "load from torch.serialization"),
-    ("mtbench.sample_cli.os", "a module"),
+    ("mtbench.commands.sample.os", "a module"),
 ])
 def test_a_target_that_escapes_its_prefix_is_refused(target, defined_in):
     cfg = compose_cfg(["model=alexnet", f"model.workload.net._target_={target}"])
@@ -39,18 +39,18 @@ def test_outside_or_missing_targets_are_refused(target, reason):
 
 
 # Callables under mtbench. and models. that a config must not reach: each passed the prefix rule on the old main.
-# (mtbench.results.atomic_write wrote a file the config named; mtbench.sample_cli.main ran a shell command.)
+# (mtbench.results.atomic_write wrote a file the config named; mtbench.commands.sample.main ran a shell command.)
 @pytest.mark.parametrize("where, target", [
     ("data", "mtbench.results.atomic_write"),
-    ("data", "mtbench.sample_cli.main"),
+    ("data", "mtbench.commands.sample.main"),
     ("data", "models.alexnet.AlexNetCIFAR"),             # a network is not a data source
-    ("model.workload", "mtbench.sample_cli.main"),
-    ("model.workload", "mtbench.data.Synthetic"),        # a data source is not a workload
+    ("model.workload", "mtbench.commands.sample.main"),
+    ("model.workload", "mtbench.data.synthetic.Synthetic"),        # a data source is not a workload
     ("model.workload", "models.alexnet.AlexNetCIFAR"),   # nor is a bare network
     ("model.workload.net", "mtbench.results.atomic_write"),
-    ("model.workload.net", "mtbench.sample_cli.main"),
+    ("model.workload.net", "mtbench.commands.sample.main"),
     ("model.workload.net", "models.qa.pad_ids"),         # a function of models. that returns a tensor
-    ("model.workload.optimizer", "mtbench.sample_cli.main"),
+    ("model.workload.optimizer", "mtbench.commands.sample.main"),
     ("model.workload.optimizer", "torch.optim.lr_scheduler.StepLR"),  # under torch.optim., not an Optimizer
 ])
 def test_each_node_builds_only_its_kind(where, target):
@@ -72,7 +72,7 @@ def test_a_target_where_no_object_is_built_is_refused():
         check_targets(cfg)
 
 
-@pytest.mark.parametrize("target", ["mtbench.results.atomic_write", "mtbench.sample_cli.main"])
+@pytest.mark.parametrize("target", ["mtbench.results.atomic_write", "mtbench.commands.sample.main"])
 def test_the_command_line_cannot_name_an_mtbench_function_as_data(target, tmp_path):
     victim = tmp_path / "victim"
     proc = mtbench_cli("model=squeezenet", f"data._target_={target}", f"+data.path={victim}", "+data.data=x",
@@ -102,4 +102,4 @@ def test_torchvision_builders_are_networks():
 def test_targets_in_lists_are_checked():
     with pytest.raises(UsageError, match=r"at model\.workload\.layers\[1\]"):
         check_targets(OmegaConf.create({"model": {"workload": {"layers": [
-            {"_target_": "torch.optim.SGD"}, {"_target_": "mtbench.sample_cli.os.system"}]}}}))
+            {"_target_": "torch.optim.SGD"}, {"_target_": "mtbench.commands.sample.os.system"}]}}}))

@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 
-from mtbench.data import BOS, EOS, UNK
+from mtbench.data.base import BOS, EOS, UNK
 from mtbench.data.iwslt15 import IWSLT15
 from mtbench.data.shakespeare import Shakespeare
 from mtbench.data.squad import SQuAD, char_span_to_tokens

@@ -8,7 +8,7 @@ from typing import Any, Tuple
 
 import numpy as np
 
-from mtbench.data import DataSource
+from mtbench.data.base import DataSource
 from mtbench.errors import DataError, UsageError
 
 

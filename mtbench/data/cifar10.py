@@ -14,7 +14,7 @@ from typing import List
 import numpy as np
 import torch
 
-from mtbench.data import LocalFiles, check_image_shape, check_image_size
+from mtbench.data.base import LocalFiles, check_image_shape, check_image_size
 from mtbench.errors import DataError
 
 TRAIN_FILES = [f"data_batch_{i}" for i in range(1, 6)]

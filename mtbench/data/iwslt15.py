@@ -11,7 +11,7 @@ from typing import Dict, List
 
 import numpy as np
 
-from mtbench.data import UNK, LocalFiles, ParallelCorpus
+from mtbench.data.base import UNK, LocalFiles, ParallelCorpus
 from mtbench.data.text import build_vocab, read_text
 from mtbench.errors import DataError
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from mtbench.data import CharCorpus, LocalFiles
+from mtbench.data.base import CharCorpus, LocalFiles
 from mtbench.data.text import read_text
 from mtbench.errors import DataError
 

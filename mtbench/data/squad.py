@@ -13,7 +13,7 @@ from typing import List, Optional, Tuple
 
 import numpy as np
 
-from mtbench.data import LocalFiles, QAExample
+from mtbench.data.base import LocalFiles, QAExample
 from mtbench.data.text import read_text, tokenize
 from mtbench.errors import DataError
 

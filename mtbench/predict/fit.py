@@ -11,6 +11,7 @@ import numpy as np
 from mtbench.errors import UsageError
 from mtbench.predict import calibration
 from mtbench.predict.calibration import Calibration
+from mtbench.predict.trace import transient_bytes
 
 
 def read_summaries(folder: Path) -> List[Dict[str, Any]]:
@@ -43,12 +44,6 @@ def measured_training_bytes(s: Dict[str, Any]) -> Optional[int]:
     if s.get("mem_peak_source") != "process_rss" or before is None:
         return None
     return int(peak) - int(before)
-
-
-def transient_bytes(parts: Dict[str, int]) -> int:
-    """Tensor bytes at the peak that the step allocates and frees (activations, temporaries)."""
-    held = sum(parts.get(k, 0) for k in ("parameters", "gradients", "optimizer_state", "inputs"))
-    return max(0, sum(parts.values()) - held)
 
 
 def calibrate(folder: Path, target: Optional[str] = None, out: Optional[str] = None,

@@ -9,7 +9,7 @@ import torch
 
 from mtbench.errors import UsageError
 from mtbench.predict import allocator, calibration
-from mtbench.predict.trace import StepTrace, breakdown, trace_step
+from mtbench.predict.trace import StepTrace, breakdown, trace_step, transient_bytes
 
 # Training memory that is not tensors, where no calibration says otherwise. CPU: the libraries' pages a step
 # touches, oneDNN primitives and scratch, glibc arenas; a job's peak less its memory before the model was built
@@ -68,7 +68,7 @@ class Predictor:
     _traces: Dict[Tuple[str, int], Tuple[StepTrace, str]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        from mtbench.memory.budget import target_from_cfg
+        from mtbench.device.budget import target_from_cfg
 
         cfg = self.compose(None, 1, [o for o in self.overrides if o.startswith("target.")])
         self.target = target_from_cfg(cfg)
@@ -107,8 +107,7 @@ class Predictor:
 
     def _trace(self, model: str, batch: int) -> Tuple[StepTrace, str]:
         from mtbench.config import instantiate
-        from mtbench.runner import MAX_PREPARED_BATCHES
-        from mtbench.workload import SetupContext
+        from mtbench.workload.base import MAX_PREPARED_BATCHES, SetupContext
 
         cfg = self.compose(model, batch)
         # a GPU target is traced on the CPU where this host has no GPU (the autograd engine needs a real
@@ -163,8 +162,6 @@ class Predictor:
         )
 
     def _runtime(self, ops: int, parts: Dict[str, int]) -> Tuple[int, str]:
-        from mtbench.predict.fit import transient_bytes
-
         cal = self.calibration
         if cal is not None and cal.runtime_bytes is not None:
             runtime = (cal.runtime_bytes + cal.runtime_per_op_bytes * ops

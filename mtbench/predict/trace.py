@@ -9,8 +9,9 @@ from typing import Any, Callable, Dict, Iterator, List, Tuple
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
-from mtbench.memory.breakdown import PARTS as BREAKDOWN_KEYS  # the measured breakdown's keys: ours too
-from mtbench.workload import SetupContext, Workload
+from mtbench.workload.breakdown import PARTS as BREAKDOWN_KEYS  # the measured breakdown's keys: ours too
+from mtbench.workload import torch_internals
+from mtbench.workload.base import SetupContext, Workload
 
 
 @dataclass
@@ -223,18 +224,18 @@ def trace_step(make_workload: Callable[[], Workload], ctx: SetupContext, fake: b
     from torch.utils.flop_counter import FlopCounterMode
 
     start = time.monotonic()
-    fake_mode = _fake_mode() if fake else None
+    fake_mode = torch_internals.fake_mode() if fake else None
     flops = FlopCounterMode(display=False)
     if hasattr(flops, "mod_tracker"):  # torch >= 2.4: per-module attribution, which the trace does not use
         flops.mod_tracker = _GlobalOnly()
     counter = _StepCounter(flops, fake_mode)
-    foreach = _foreach_optimizers() if cuda_optimizers else contextlib.nullcontext()
-    with fake_mode or contextlib.nullcontext(), _swappable(fake_mode, counter), foreach:
+    foreach = torch_internals.foreach_optimizers() if cuda_optimizers else contextlib.nullcontext()
+    with fake_mode or contextlib.nullcontext(), torch_internals.swappable(fake_mode, counter), foreach:
         with counter:
             workload = make_workload()  # its parameters are fake from the start
             workload.setup(ctx)
             workload.step()
-        tracker = _RecordingTracker()
+        tracker = torch_internals.new_recording_tracker()
         inputs_bytes, state_bytes = _track_state(tracker, workload)
         counter.ops = counter.bytes_moved = counter.forward_flops = 0
         with tracker, flops, counter:
@@ -277,141 +278,6 @@ class _GlobalOnly:
 
     def __exit__(self, *exc: Any) -> None:
         return None
-
-
-@contextlib.contextmanager
-def _swappable(fake_mode: Any, counter: _StepCounter) -> Iterator[None]:
-    """Let `Module.to()` swap fake parameters: drop the weak references torch's fake-tensor bookkeeping and
-    our value table hold to the two tensors just before torch.utils.swap_tensors (which refuses them)."""
-    if fake_mode is None:
-        yield
-        return
-    original = torch.utils.swap_tensors
-    describer = fake_mode.fake_tensor_converter.meta_converter.describer
-
-    def swap_tensors(t1: torch.Tensor, t2: torch.Tensor) -> None:
-        for t in (t1, t2):
-            describer.lookup_tensor.pop(t, None)
-            counter.forget(t)
-        original(t1, t2)
-
-    torch.utils.swap_tensors = swap_tensors
-    try:
-        yield
-    finally:
-        torch.utils.swap_tensors = original
-
-
-@contextlib.contextmanager
-def _foreach_optimizers() -> Iterator[None]:
-    """torch.optim's default implementation choice as on a CUDA GPU: foreach (a fake or CPU tensor gets the
-    single-tensor loop otherwise)."""
-    import importlib
-
-    def cuda_default(params: Any, differentiable: bool, use_fused: bool = False) -> Tuple[bool, bool]:
-        return False, not differentiable and not torch.jit.is_scripting()
-
-    patched = []
-    for name in ("optimizer", "sgd", "adam", "adamw", "rmsprop", "adagrad", "adadelta", "adamax", "nadam",
-                 "radam", "rprop", "asgd"):
-        try:
-            module = importlib.import_module(f"torch.optim.{name}")
-        except ImportError:
-            continue
-        if hasattr(module, "_default_to_fused_or_foreach"):
-            patched.append((module, module._default_to_fused_or_foreach))
-            module._default_to_fused_or_foreach = cuda_default
-    try:
-        yield
-    finally:
-        for module, original in patched:
-            module._default_to_fused_or_foreach = original
-
-
-def _fake_mode() -> Any:
-    """A FakeTensorMode whose fresh tensors hold no weak reference, so that `module.to(device)` works.
-
-    torch memoizes every fake tensor it makes in a weak-value map; `Module.to` swaps a fake parameter for
-    its converted copy (torch.utils.swap_tensors), which refuses a tensor that has a weak reference. A
-    tensor made from a fresh meta tensor never needs the memo (nothing else maps to it): skip it there.
-    """
-    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorConverter, FakeTensorMode
-
-    class _Converter(FakeTensorConverter):
-        def from_meta_and_device(self, fake_mode, t, device, pytype=None, dispatch_keys=None):
-            return FakeTensor(fake_mode, t, device, pytype=pytype, dispatch_keys=dispatch_keys)
-
-    mode = FakeTensorMode(allow_non_fake_inputs=True)
-    mode.fake_tensor_converter.__class__ = _Converter
-    return mode
-
-
-def _recording_tracker_class() -> Any:
-    from torch.distributed._tools.mem_tracker import _TOTAL_KEY, MemTracker, _UpdateType
-
-    class RecordingTracker(MemTracker):
-        """torch's MemTracker that also keeps the order of allocations and frees (for the allocator's rounding)."""
-
-        def __init__(self) -> None:
-            super().__init__()
-            self.events: List[Tuple[int, int, str]] = []
-
-        def _pre_fw_hook(self, module, inputs):
-            try:
-                super()._pre_fw_hook(module, inputs)
-            except NotImplementedError:  # a network called twice in one step (DQN's online network): allowed
-                self.memory_tracking.pop(module, None)
-                super()._pre_fw_hook(module, inputs)
-
-        def _track_module_params_and_buffers(self, module, install_grad_hooks=True):
-            # a frozen parameter (a fixed embedding) takes no gradient hook: mark it as already hooked
-            for p in module.parameters():
-                if not p.requires_grad and p not in self._param_to_grad_hook_handles:
-                    self._param_to_grad_hook_handles[p] = (_NoHandle(), _NoHandle())
-            return super()._track_module_params_and_buffers(module, install_grad_hooks)
-
-        def _update_peak_stats(self, peak_state):
-            # the step's peak only: torch's version also keeps every module's peak, walking all modules on
-            # every op (a third of the trace's time on BERT)
-            for dev, snap in self._curr_mem_snap.items():
-                if self._peak_mem.get(dev, 0) < snap[_TOTAL_KEY]:
-                    self._peak_mem[dev] = snap[_TOTAL_KEY]
-                    self._peak_mem_snap[dev] = dict(snap)
-
-        def _track_inputs_or_outputs(self, args):
-            # per-module input/output sizes are not used here; torch's version rebuilds the arguments with
-            # tree_map, which fails on a PackedSequence whose unsorted_indices is None
-            return 0
-
-        def _update_snap(self, u_type, winfo, old_mem_consumed=None, old_reftype=None):
-            super()._update_snap(u_type, winfo, old_mem_consumed, old_reftype)
-            kind = getattr(winfo.reftype, "value", str(winfo.reftype))
-            if u_type == _UpdateType.ADD:
-                self.events.append((id(winfo), winfo.size * winfo.element_size, kind))
-            elif u_type == _UpdateType.DEL:
-                self.events.append((id(winfo), -1, kind))
-            elif u_type == _UpdateType.SIZE:  # a resized storage: freed and allocated again
-                self.events.append((id(winfo), -1, kind))
-                self.events.append((id(winfo), winfo.size * winfo.element_size, kind))
-            elif u_type == _UpdateType.REF:  # the same bytes change kind (e.g. an output becomes a gradient)
-                self.events.append((id(winfo), -2, kind))
-
-    return RecordingTracker
-
-
-class _NoHandle:
-    def remove(self) -> None:
-        pass
-
-
-def _RecordingTracker() -> Any:  # noqa: N802 - a class made on first use (torch's module is imported lazily)
-    global _TRACKER_CLASS
-    if _TRACKER_CLASS is None:
-        _TRACKER_CLASS = _recording_tracker_class()
-    return _TRACKER_CLASS()
-
-
-_TRACKER_CLASS = None
 
 
 def _track_state(tracker: Any, workload: Workload) -> Tuple[int, int]:
@@ -462,7 +328,7 @@ def _device_snapshot(peak: Dict[Any, Dict[Any, int]], device: torch.device) -> D
 def breakdown(snap: Dict[str, int], inputs_bytes: int, state_bytes: int) -> Dict[str, int]:
     """MemTracker's kinds in the measured breakdown's keys.
 
-    As mtbench.memory.breakdown maps the measured one: Parameter -> parameters; Gradient -> gradients;
+    As mtbench.workload.breakdown maps the measured one: Parameter -> parameters; Gradient -> gradients;
     Optstate -> optimizer_state up to the size of the optimizers' state (the rest, temporaries of the update
     such as a weight-decayed copy of a gradient, -> other); Activation -> activations; Other (tensors the
     workload holds: its prepared batches) -> inputs; Buffer (BatchNorm statistics) and Temp (the backward's
@@ -480,3 +346,9 @@ def breakdown(snap: Dict[str, int], inputs_bytes: int, state_bytes: int) -> Dict
         "inputs": inputs,
         "other": held - inputs + opt - state + snap.get("Buffer", 0) + snap.get("Temp", 0),
     }
+
+
+def transient_bytes(parts: Dict[str, int]) -> int:
+    """Tensor bytes at the peak that the step allocates and frees (activations, temporaries)."""
+    held = sum(parts.get(k, 0) for k in ("parameters", "gradients", "optimizer_state", "inputs"))
+    return max(0, sum(parts.values()) - held)

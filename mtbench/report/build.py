@@ -10,7 +10,7 @@ from mtbench.report.figures import (fig_energy, fig_memory, fig_memory_breakdown
                                     fig_utilization)
 from mtbench.report.jobs import assign_boards, by_model, find_summaries, has_batch, root_labels
 from mtbench.report.tables import csv_columns, readme
-from mtbench.results import atomic_write, csv_text
+from mtbench.results.files import atomic_write, csv_text
 
 
 def make_report(roots: Any, out: Optional[Path] = None) -> Path:

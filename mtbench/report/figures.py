@@ -11,7 +11,7 @@ import matplotlib
 matplotlib.use("Agg")  # files only: no display needed
 import matplotlib.pyplot as plt  # noqa: E402
 
-from mtbench.console import core_ranges, cpu_by_core_type  # noqa: E402
+from mtbench.results.console import core_ranges, cpu_by_core_type  # noqa: E402
 from mtbench.report.jobs import NOT_MEASURED, board_of, boards, job_label, value_at  # noqa: E402
 
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional
 
-from mtbench.console import cpu_by_core_type, core_types_line
+from mtbench.results.console import cpu_by_core_type, core_types_line
 from mtbench.report.jobs import NOT_MEASURED, board_of, board_source, boards, flatten, has_batch, value_at
 
 

@@ -10,6 +10,9 @@ kernel's work more than Python's: on a 2-core VM under load each file read costs
 (each ~0.7 % of a core at 5 ms), as much as the wake-up itself. So a single process's CPU time comes from its
 CPU clock (clock_gettime on the process's clock id: one call, ns, all threads) rather than from formatting the
 52 fields of /proc/<pid>/stat, and only the heads of /proc/stat and /proc/meminfo that are parsed are kept.
+
+Long because the process-tree ledger (reaps, zombies, reparenting: each rule a tested kernel case) belongs
+beside the reads it corrects.
 """
 from __future__ import annotations
 

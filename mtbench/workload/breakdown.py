@@ -7,6 +7,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 import torch
 
 from mtbench.errors import describe_error
+from mtbench.workload import torch_internals
 
 PARTS = ("parameters", "gradients", "optimizer_state", "activations", "inputs", "other")
 TOOL = "torch.distributed._tools.mem_tracker.MemTracker"
@@ -59,24 +60,6 @@ def _held_objects(root: Any, depth: int = 3) -> Iterator[Any]:
     yield from walk(root, depth)
 
 
-def _tracker_class() -> type:
-    from torch.distributed._tools.mem_tracker import MemTracker
-
-    class StepTracker(MemTracker):
-        """MemTracker that accepts a network called twice in one step (a GAN's discriminator on real, then fake).
-
-        MemTracker refuses a second forward of a top-level module as "multiple iterative calls"; we only need the
-        step's peak, not per-module statistics, so the module's statistics restart instead.
-        """
-
-        def _pre_fw_hook(self, module: torch.nn.Module, inputs: Any) -> None:
-            if module in self.memory_tracking and not self._mod_tracker.is_bw:
-                del self.memory_tracking[module]
-            super()._pre_fw_hook(module, inputs)
-
-    return StepTracker
-
-
 @contextlib.contextmanager
 def _multi_grad_hooks_removed_after() -> Iterator[None]:
     """Remove the backward hooks MemTracker's ModTracker puts on the step's tensors once the step is done.
@@ -119,7 +102,7 @@ def breakdown_bytes(workload: Any, device: torch.device,
     if reason is not None:
         return None, reason
     step = step or workload.step
-    tracker = _tracker_class()()
+    tracker = torch_internals.step_tracker_class()()
     held = list(_held_objects(workload))
     # order matters: a later registration re-labels a storage, so parameters and optimizer state win over
     # the plain tensors (the prepared input batches) we register as inputs

@@ -4,7 +4,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
@@ -61,7 +61,7 @@ class PlanSettings:
     budget_bytes: Optional[int]  # memory.budget_gb in bytes (None: the target's budget)
     budget_file: Optional[str]  # a file the run watches for a new budget
     expandable_segments: bool  # the CUDA caching allocator's expandable_segments setting
-    cpu_malloc: str = "auto"  # glibc's malloc on CPU: auto | glibc | live | cached (mtbench.memory.peak)
+    cpu_malloc: str = "auto"  # glibc's malloc on CPU: auto | glibc | live | cached (mtbench.device.peak)
     recompute_share: Optional[int] = None  # % of activation bytes recomputed; None (auto): all, or under a budget
     # the least of SHARES that fits
 
@@ -91,7 +91,7 @@ def settings_from_cfg(cfg: Any) -> PlanSettings:
     if not isinstance(expandable, bool):
         raise UsageError(f"memory.expandable_segments={expandable!r} is not known; allowed: true, false")
     budget_file = get("budget_file", None)
-    from mtbench.memory.peak import CPU_MALLOC
+    from mtbench.device.peak import CPU_MALLOC
 
     cpu_malloc = str(get("cpu_malloc", "auto"))
     if cpu_malloc not in CPU_MALLOC:
@@ -289,16 +289,3 @@ def accumulate_backward(loss_of: Callable[..., torch.Tensor], tensors: Sequence[
         total = loss.detach() if total is None else total + loss.detach()
     assert total is not None
     return total
-
-
-@contextlib.contextmanager
-def default_plan(plan: MemoryPlan) -> Iterator[None]:
-    """Every Workload made inside the block starts with `plan` (the predictor builds its own workloads)."""
-    from mtbench.workload import Workload
-
-    saved = Workload.memory_plan
-    Workload.memory_plan = plan
-    try:
-        yield
-    finally:
-        Workload.memory_plan = saved

@@ -15,15 +15,7 @@ from typing import Any, List, Optional
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-
-def override_values(override: Any) -> Optional[List[Any]]:
-    """Every value a parsed override stands for (a sweep expanded), or None where it cannot be listed (glob)."""
-    if not override.is_sweep_override():
-        return [override.value()]
-    try:
-        return list(override.sweep_iterator())
-    except Exception:
-        return None
+from mtbench.config import override_values
 
 
 def sweep_size(overrides: List[str]) -> Optional[int]:
@@ -105,7 +97,7 @@ class SweepProgress(Callback):
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         from rich.table import Table
 
-        from mtbench.console import console, fmt_bytes
+        from mtbench.results.console import console, fmt_bytes
 
         root = Path(config.hydra.sweep.dir)
         table = Table(title=f"sweep: {root}")

@@ -131,7 +131,7 @@ def _mib(n) -> str:
 def print_table(rows: list, predictor) -> None:
     from rich.table import Table
 
-    from mtbench.console import console
+    from mtbench.results.console import console
 
     t = predictor.target
     title = (f"mtbench predict: target {t.name} ({predictor.device}"

@@ -10,8 +10,8 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import torch
 
 from mtbench.errors import UsageError
-from mtbench.memory import plan_select
-from mtbench.memory.plan import NONE, MemoryPlan, PlanSettings, settings_from_cfg
+from mtbench.planning import choose as plan_select
+from mtbench.workload.plans import NONE, MemoryPlan, PlanSettings, settings_from_cfg
 
 log = logging.getLogger("mtbench")
 
@@ -213,8 +213,8 @@ class Planner:
         before = self.plan
         self.budget_bytes, self.budget_source = budget, f"budget_file {self.watch.path if self.watch else ''}"
         if self.device is not None and self.device.type == "cuda" and budget is not None:
-            from mtbench.memory.budget import apply_budget
-            from mtbench.memory.targets import Target
+            from mtbench.device.budget import apply_budget
+            from mtbench.device.targets import Target
 
             torch.cuda.empty_cache()  # segments cached under the old budget go back before the cap changes
             apply_budget(dataclasses.replace(Target.none(), name="budget_file", memory_budget_bytes=budget),

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
-from mtbench.results import atomic_write, csv_text
+from mtbench.results.files import atomic_write, csv_text
 from mtbench.sampling import Samples
 from mtbench.sampling.attribution import Interval, attribute
 from mtbench.sampling.sensor import GPU_UTIL, POWER

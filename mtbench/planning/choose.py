@@ -10,7 +10,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 import torch
 
-from mtbench.memory.plan import AUTO_SEGMENTS, NONE, SHARES, MemoryPlan
+from mtbench.workload.plans import AUTO_SEGMENTS, NONE, SHARES, MemoryPlan
 
 log = logging.getLogger("mtbench")
 
@@ -156,7 +156,7 @@ def job_predictor(cfg: Any, device_type: str, budget_bytes: int) -> Any:
 
 def predict_plan(predictor: Any, model: str, batch: int, plan: MemoryPlan) -> Any:
     """The predictor's prediction of one step under `plan` (its workloads are made with the plan set)."""
-    from mtbench.memory.plan import default_plan
+    from mtbench.workload.base import default_plan
 
     predictor._traces.clear()  # traces are cached by (model, batch): one per plan
     with default_plan(plan):
@@ -170,7 +170,8 @@ def probe_step(workload: Any, plan: MemoryPlan, device: torch.device, runtime_by
     A first step can peak lower than the steps after it (the optimizer's state, e.g. SGD's momentum, is made at its
     end; measured: VGG16 32x32 batch 16, CPU, 263 MB in the first step, 278 MB in the measured ones), so a plan
     whose first step fits `budget_bytes` takes a second step and the higher peak of the two counts."""
-    from mtbench.memory import PeakMemory, budget, release_memory
+    from mtbench.device import budget
+    from mtbench.device.peak import PeakMemory, release_memory
 
     workload.set_memory_plan(plan)
     peaks: List[Optional[int]] = []

@@ -5,7 +5,7 @@ from typing import Any, Dict, Optional
 
 import torch
 
-from mtbench.memory.targets import Target
+from mtbench.device.targets import Target
 
 # On CPU the budget is compared with the job's own memory: the process's resident high-water mark over the
 # measured steps (PeakMemory, "mem_peak_bytes") less what the process held before the model was built (torch and
@@ -40,7 +40,7 @@ def apply_budget(target: Target, device: torch.device, cpu_malloc: str = "auto")
         # a board trains on its GPU, whose caching allocator reuses the blocks it keeps reserved; glibc's dynamic
         # mmap threshold would add hundreds of MiB of freed heap kept resident, which no board's budget pays
         # (memory.cpu_malloc=auto: live)
-        from mtbench.memory.peak import set_cpu_malloc
+        from mtbench.device.peak import set_cpu_malloc
 
         return {"budget_bytes": budget, "budget_enforced_by": "peak_check",
                 "cpu_malloc": set_cpu_malloc(cpu_malloc, budgeted=True)}

@@ -7,14 +7,17 @@ optimizer update. GANs and DQN own their extra optimizers or environment inside 
 from __future__ import annotations
 
 import abc
+import contextlib
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import torch
 
-from mtbench.data import DataSource
+from mtbench.data.base import DataSource
 from mtbench.errors import UsageError
-from mtbench.memory import plan as plans
+from mtbench.workload import plans
+
+MAX_PREPARED_BATCHES = 8  # distinct input batches a job makes before timing; its steps cycle through them
 
 
 @dataclass
@@ -115,3 +118,14 @@ class Workload(abc.ABC):
 def optimizer_from(partial: Any, params: Any) -> torch.optim.Optimizer:
     """Call a `_partial_: true` optimizer config once the parameters exist."""
     return partial(params)
+
+
+@contextlib.contextmanager
+def default_plan(plan: plans.MemoryPlan) -> Iterator[None]:
+    """Every Workload made inside the block starts with `plan` (the predictor builds its own workloads)."""
+    saved = Workload.memory_plan
+    Workload.memory_plan = plan
+    try:
+        yield
+    finally:
+        Workload.memory_plan = saved

@@ -6,77 +6,34 @@ again (a CPU-GPU sync point: the step's kernels must finish inside its window), 
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import errno
-import fcntl
 import logging
-import math
-import multiprocessing
-import os
 import signal
-import stat
 import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional
 
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from mtbench import env, memory, results
 from mtbench.config import JobSpec, instantiate, positive_float
-from mtbench.data import DataSource
+from mtbench.data.base import DataSource
+from mtbench.device import budget, env, peak as memory
+from mtbench.device.oom import is_oom
+from mtbench.device.select import resolve_device, sync
 from mtbench.errors import UsageError, describe_error
-from mtbench.memory import budget
-from mtbench.memory.breakdown import breakdown_bytes, fragmentation_bytes
-from mtbench.memory.plan_run import Planner
+from mtbench.job.lock import DeviceLock
+from mtbench.planning.planner import Planner
+from mtbench.results import files as results
 from mtbench.sampling import Sampler, SensorUnavailable, open_sensors, windows
 from mtbench.sampling.process import ProcessSampler, SamplerError
-from mtbench.workload import SetupContext, Workload
+from mtbench.workload.base import MAX_PREPARED_BATCHES, SetupContext, Workload
+from mtbench.workload.breakdown import breakdown_bytes, fragmentation_bytes
 
 log = logging.getLogger("mtbench")
 
-MAX_PREPARED_BATCHES = 8  # distinct input batches made before timing; steps cycle through them
 SAMPLER_MODES = ("process", "thread")  # sampler.mode: where the sampling loop runs (see conf/sampler/_base.yaml)
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    if name == "cuda":
-        if not torch.cuda.is_available():
-            raise UsageError("device=cuda but no CUDA GPU is visible to torch; allowed here: device=cpu or device=auto")
-        return torch.device("cuda", torch.cuda.current_device())  # recorded as "cuda:0", not a bare "cuda"
-    return torch.device(name)
-
-
-# What out-of-memory looks like from each allocator: the CPU allocator ("DefaultCPUAllocator: can't allocate
-# memory: you tried to allocate N bytes"), CUDA's caching allocator ("CUDA out of memory"), a Jetson torch build
-# whose failed cudaMalloc trips an NVML assert in the caching allocator, and cuBLAS / cuDNN workspaces.
-OOM_MARKERS = (
-    "out of memory",
-    "can't allocate memory",
-    "nvml_success == r internal assert failed",
-    "cublas_status_alloc_failed",
-    "cudnn_status_alloc_failed",
-)
-
-
-def is_oom(exc: BaseException) -> bool:
-    if isinstance(exc, (torch.cuda.OutOfMemoryError, MemoryError)):
-        return True
-    return isinstance(exc, RuntimeError) and is_oom_text(str(exc))
-
-
-def is_oom_text(text: str) -> bool:
-    """An error's text says it ran out of memory (also for one that reached us only as text, from a child)."""
-    return any(m in text.lower() for m in OOM_MARKERS)
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 class Job:
@@ -187,7 +144,7 @@ class Job:
             self._timed_step(i, warmup=True)
         first = spec.warmup
         if self.profile:
-            from mtbench.profiling import Profiler
+            from mtbench.job.profile import Profiler
 
             # as many unprofiled steps first (marked warm-up: not measured), to measure the profiler's overhead
             for i in range(first, first + spec.steps):
@@ -209,10 +166,10 @@ class Job:
     def _timed_step(self, index: int, warmup: bool) -> float:
         assert self.workload is not None and self.sampler is not None
         self.planner.before_step(index)  # a new budget in memory.budget_file: re-plan before this step, untimed
-        _sync(self.device)
+        sync(self.device)
         start = time.monotonic()
         self.workload.step()
-        _sync(self.device)
+        sync(self.device)
         end = time.monotonic()
         self.sampler.mark_step(index, start, end, warmup)
         return end - start
@@ -313,7 +270,7 @@ def _run_locked(job: Job) -> Dict[str, Any]:
         log.debug("job failed", exc_info=True)
     finally:
         # a second Ctrl-C (or the one a parent forwards) waits until the results are written and memory freed
-        with _sigint_deferred():
+        with sigint_deferred():
             samples = _stop_sampler(job)
             if not user_error:
                 _write_or_say(job, samples)
@@ -322,105 +279,8 @@ def _run_locked(job: Job) -> Dict[str, Any]:
     return job.last_summary
 
 
-LOCK_MODES = ("wait", "fail", "off")
-
-
-class DeviceLock:
-    """One measurement per device at a time, across processes: an flock on `<lock_dir>/mtbench-<device>.lock`
-    (the kernel releases it when the holder exits, however it ends). The file holds the holder's pid.
-
-    The folder may be shared by every user (/tmp): the file is opened without following a link, only a regular
-    file with one name is used, its mode is changed only when this call created it, and it is written (the pid)
-    only when it is the caller's own. Another user's lock file is locked read-only (flock needs no write).
-    """
-
-    def __init__(self, device: torch.device, mode: str, lock_dir: str) -> None:
-        if mode not in LOCK_MODES:
-            raise UsageError(f"device_lock={mode!r} is not known; allowed: {', '.join(LOCK_MODES)}")
-        if mode != "off" and not os.path.isabs(lock_dir):
-            # an empty MTBENCH_LOCK_DIR= meant the current folder: jobs started in two folders never met
-            raise UsageError(f"lock_dir={lock_dir!r} (or MTBENCH_LOCK_DIR) is not an absolute folder; allowed: an "
-                             "absolute path every mtbench user can write (default /tmp), or device_lock=off")
-        self.mode = mode
-        self.name = str(device)
-        key = "cpu" if device.type == "cpu" else f"{device.type}-{_device_uuid(device)}"
-        self.path = Path(lock_dir) / f"mtbench-{key}.lock"
-        self.fd: Optional[int] = None
-        self.writable = False
-
-    def acquire(self) -> None:
-        if self.mode == "off":
-            return
-        self.fd, self.writable = self._open()
-        try:
-            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(self.fd, 32, 0).decode(errors="replace").strip() or "?"
-            if self.mode == "fail":
-                self.release()
-                raise UsageError(f"{self.name} is being measured by another mtbench job (pid {holder}); "
-                                 "device_lock=wait waits for it, device_lock=off measures anyway") from None
-            print(f"mtbench: waiting for {self.name}: another mtbench job (pid {holder}) is measuring it",
-                  file=sys.stderr, flush=True)
-            fcntl.flock(self.fd, fcntl.LOCK_EX)
-        if self.writable:
-            os.ftruncate(self.fd, 0)
-            os.pwrite(self.fd, str(os.getpid()).encode(), 0)
-
-    def _open(self) -> Tuple[int, bool]:
-        """(descriptor, whether this process may write its pid there); a UsageError where the file is refused."""
-        folder, name = str(self.path.parent), self.path.name
-        where = f"lock_dir={folder!r}: {name}"
-        # O_NOFOLLOW: a link planted in a shared folder would point the open (and a chmod) at another file;
-        # O_NONBLOCK: a planted FIFO must not block the open; O_EXCL: a file this call creates is its own
-        flags = os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
-        try:
-            fd = os.open(self.path, flags | os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o666)
-            os.fchmod(fd, 0o666)  # the umask took the others' write bit: every user shares this lock
-            return fd, True
-        except FileExistsError:
-            pass  # another job's (or a planted) file: judged below
-        except OSError as exc:
-            raise UsageError(f"{where} cannot be created ({exc.strerror}); allowed: a writable folder, "
-                             "or device_lock=off") from None
-        try:
-            try:
-                fd, writable = os.open(self.path, flags | os.O_RDWR), True
-            except PermissionError:  # another user's file (or fs.protected_regular in /tmp): flock needs no write
-                fd, writable = os.open(self.path, flags | os.O_RDONLY), False
-        except OSError as exc:
-            if exc.errno == errno.ELOOP:
-                raise UsageError(f"{where} is a symbolic link, refused (another user may have planted it); "
-                                 "allowed: a regular file, or remove the link, or device_lock=off") from None
-            raise UsageError(f"{where} cannot be opened ({exc.strerror}); allowed: a folder every mtbench user "
-                             "can write, or device_lock=off") from None
-        info = os.fstat(fd)
-        problem = None
-        if not stat.S_ISREG(info.st_mode):
-            problem = "is not a regular file"
-        elif info.st_nlink != 1:
-            problem = f"has {info.st_nlink} hard links (it may be another file's name)"
-        if problem is not None:
-            os.close(fd)
-            raise UsageError(f"{where} {problem}, refused; allowed: a regular lock file of one name, or remove it, "
-                             "or device_lock=off")
-        return fd, writable and info.st_uid == os.geteuid()  # never write into another user's file
-
-    def release(self) -> None:
-        if self.fd is not None:
-            os.close(self.fd)  # closing the descriptor drops the flock
-            self.fd = None
-
-
-def _device_uuid(device: torch.device) -> str:
-    try:
-        return str(torch.cuda.get_device_properties(device).uuid)
-    except (AttributeError, RuntimeError):  # torch builds without the uuid property
-        return str(device.index or 0)
-
-
 @contextlib.contextmanager
-def _sigint_deferred():
+def sigint_deferred():
     """Hold SIGINT back while the block runs, then give a held one to the handler that was there before
     (which raises KeyboardInterrupt; a job process's handler also ignores any later one)."""
     if threading.current_thread() is not threading.main_thread():
@@ -484,231 +344,12 @@ def _release(job: Job) -> None:
         log.warning("releasing memory after the job failed", exc_info=True)
 
 
-# ---------------------------------------------------------------------------------------------------------
-# Each job in a process of its own. The parent holds the sweep: it imports torch but never runs a torch op nor
-# touches CUDA (neither CUDA nor GNU OpenMP's thread pool survives a fork), so forking a job is cheap and safe.
-# A job that the kernel kills (the OOM killer on a Jetson, whose GPU shares the DRAM), that segfaults or that
-# leaves a sticky CUDA error ends only its own process; the parent writes its summary and the sweep goes on.
-
-DIED = "the job's process died before it wrote its results"
-
-
-def run_isolated(cfg: DictConfig, out_dir: Path, timing: Optional[Dict[str, float]] = None) -> Dict[str, Any]:
-    """Run one job in a forked child process and return its summary (the parent writes it if the child died).
-
-    Raises UsageError for a bad value the user gave (nothing written) and KeyboardInterrupt, once the child
-    has written its "interrupted" summary, when the user pressed Ctrl-C. `timing`, if given, receives
-    `wall_s` (this call) and `child_s` (the child's own run, from fork to its last message): their difference
-    is what isolation costs a job.
-    """
-    import torchvision  # noqa: F401 - imported once here rather than in every job's process (no torch op runs)
-
-    wall_start = time.monotonic()
-    out_dir = Path(out_dir)
-    context = multiprocessing.get_context("fork")
-    receiver, sender = context.Pipe(duplex=False)
-    oom_before = OomKills()
-    child = context.Process(target=_child_main, args=(cfg, out_dir, sender, os.getpid()), name="mtbench-job")
-    child.start()
-    sender.close()
-    messages: Dict[str, Any] = {}
-    interrupted = False
-    alive = True
-    while True:
-        try:
-            if receiver.poll(0.1):
-                with _sigint_deferred():  # a message is read whole, or the pipe would lose its framing
-                    kind, payload = receiver.recv()
-                messages[kind] = payload
-            elif not alive:
-                break  # it exited and everything it sent has been read
-            else:
-                alive = child.is_alive()  # one more poll after this, for what it sent just before exiting
-        except EOFError:  # the child closed its end: it is about to exit
-            child.join()
-            break
-        except KeyboardInterrupt:
-            # Ctrl-C on a terminal reaches the child too; a signal sent to this process alone is passed on.
-            # The child records "interrupted", writes its results and exits; this process waits for that.
-            interrupted = True
-            if child.is_alive():
-                os.kill(child.pid, signal.SIGINT)
-    child.join()
-    receiver.close()
-    if timing is not None:
-        timing.update(wall_s=time.monotonic() - wall_start, child_s=messages.get("child_seconds", math.nan))
-    if "usage" in messages:
-        raise UsageError(messages["usage"])
-    summary = messages.get("summary")
-    if summary is None:
-        if interrupted:
-            messages["interrupted"] = True
-        summary = _summary_of_dead_job(cfg, out_dir, child.exitcode, messages, oom_before.since())
-    if interrupted or messages.get("interrupted"):
-        raise KeyboardInterrupt
-    return summary
-
-
-def _die_with_parent(parent_pid: int) -> None:
-    """A job whose sweep was killed must not train on as an orphan (Linux: PR_SET_PDEATHSIG)."""
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-    if os.getppid() != parent_pid:  # the parent died before prctl took effect
-        os._exit(1)
-
-
-def _child_main(cfg: DictConfig, out_dir: Path, sender, parent_pid: int) -> None:
-    _die_with_parent(parent_pid)
-
-    def on_sigint(signum, frame):
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # the first Ctrl-C ends the job; more change nothing
-        raise KeyboardInterrupt
-
-    # a process started with SIGINT ignored (a script's `mtbench ... &` in a shell without job control) keeps
-    # ignoring it, as the parent does
-    if signal.getsignal(signal.SIGINT) != signal.SIG_IGN:
-        signal.signal(signal.SIGINT, on_sigint)
-    started = time.monotonic()
-    try:
-        summary = run_job(cfg, out_dir, notify=lambda kind, payload: sender.send((kind, payload)))
-        sender.send(("summary", summary))
-    except UsageError as exc:
-        sender.send(("usage", str(exc)))
-    except KeyboardInterrupt:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # its summary is on the way; more Ctrl-C change nothing
-        sender.send(("interrupted", True))
-        try:
-            sender.send(("summary", results.read_summary(out_dir)))
-        except (OSError, ValueError):
-            pass
-    except BaseException as exc:  # an error outside the job's own try (e.g. CUDA fails to start): a result too
-        sender.send(("crashed", describe_error(exc)))
-        log.debug("job process failed", exc_info=True)
-    finally:
-        sender.send(("child_seconds", time.monotonic() - started))
-        sender.close()
-
-
-def signal_name(number: int) -> str:
-    try:
-        return signal.Signals(number).name
-    except ValueError:
-        return f"signal {number}"
-
-
-class OomKills:
-    """Kills by the kernel's OOM killer while a job ran, from the job's own memory cgroup (v2 memory.events,
-    v1 memory.oom_control: each counts the kills of its processes, by the global OOM killer too); only the
-    machine-wide count in /proc/vmstat where no cgroup file is readable (then it cannot say whose)."""
-
-    def __init__(self) -> None:
-        self.path = _memcg_oom_file()
-        self.before = _read_oom_kill(self.path) if self.path else None
-        self.machine_before = _read_oom_kill("/proc/vmstat")
-
-    def since(self) -> Dict[str, Any]:
-        """{"own": kills in the job's cgroup or None, "machine": kills on the machine or None, "file": ...}"""
-        own = _read_oom_kill(self.path) if self.path else None
-        machine = _read_oom_kill("/proc/vmstat")
-        return {"own": None if own is None or self.before is None else own - self.before,
-                "machine": None if machine is None or self.machine_before is None else machine - self.machine_before,
-                "file": self.path}
-
-
-def _memcg_oom_file() -> Optional[str]:
-    """This process's memory cgroup counter file (a forked job stays in its parent's cgroup)."""
-    try:
-        with open("/proc/self/cgroup") as f:
-            lines = [line.rstrip("\n").split(":", 2) for line in f]
-    except OSError:
-        return None
-    for _, controllers, path in lines:
-        if controllers == "":  # cgroup v2
-            candidate = os.path.join("/sys/fs/cgroup", path.lstrip("/"), "memory.events")
-        elif "memory" in controllers.split(","):  # cgroup v1
-            candidate = os.path.join("/sys/fs/cgroup/memory", path.lstrip("/"), "memory.oom_control")
-        else:
-            continue
-        if _read_oom_kill(candidate) is not None:
-            return candidate
-    return None
-
-
-def _read_oom_kill(path: str) -> Optional[int]:
-    try:
-        with open(path, "rb") as f:
-            for line in f:
-                if line.startswith(b"oom_kill "):
-                    return int(line.split()[1])
-    except (OSError, ValueError):
-        pass
-    return None
-
-
-def _summary_of_dead_job(cfg: DictConfig, out_dir: Path, exitcode: Optional[int], messages: Dict[str, Any],
-                         oom_kills: Dict[str, Any]) -> Dict[str, Any]:
-    """The summary of a job whose process ended without sending one, written by the parent."""
-    if "interrupted" in messages:  # Ctrl-C before the job had anything to write
-        failure = {"kind": "interrupted", "message": "interrupted by the user (Ctrl-C)"}
-    elif "crashed" in messages:
-        failure = {"kind": "oom" if is_oom_text(messages["crashed"]) else "error",
-                   "message": messages["crashed"]}
-    elif exitcode is not None and exitcode < 0:
-        name = signal_name(-exitcode)
-        if exitcode == -signal.SIGKILL and oom_kills["own"]:
-            failure = {"kind": "oom", "message": f"the job's process was killed by the kernel's OOM killer ({name}; "
-                                                 f"oom_kill in {oom_kills['file']} rose by {oom_kills['own']} while it ran)"}
-        else:
-            failure = {"kind": "killed", "message": f"the job's process was killed by signal {-exitcode} ({name})"}
-            if exitcode == -signal.SIGKILL and oom_kills["own"] is None and oom_kills["machine"]:
-                failure["message"] += (f"; the OOM killer killed {oom_kills['machine']} process(es) on this machine "
-                                       "meanwhile (/proc/vmstat), possibly this one: no cgroup counter says whose")
-    else:
-        failure = {"kind": "error", "message": f"the job's process exited with code {exitcode} before writing its results"}
-    spec = JobSpec.from_cfg(cfg)
-    started = messages.get("started") or {}
-    unavailable = {k: DIED for k in ("cpu_util_pct", "gpu_util_pct", "power_w", "energy_j", "mem_peak_bytes")}
-    summary: Dict[str, Any] = {
-        "schema": results.SCHEMA,
-        "model": spec.model,
-        "batch_size": spec.batch_size,
-        "device": started.get("device", spec.device),
-        "data": messages.get("data", "unknown"),
-        "success": False,
-        "failure": failure,
-        "warmup_steps": spec.warmup,
-        "measured_steps": 0,
-        "step_time_s": None,
-        "throughput_samples_per_s": None,
-        "cpu_util_pct": None,
-        "gpu_util_pct": None,
-        "power_w": None,
-        "energy_j": None,
-        "unavailable": unavailable,
-        "mem_peak_bytes": None,
-        "mem_peak_source": None,
-        "target": cfg.get("target", {}).get("name", "none"),
-        "budget_bytes": cfg.get("target", {}).get("memory_budget_bytes"),
-        "sampler": {"interval_ms": cfg.sampler.interval_ms, "samples": 0},
-        "env": started.get("env") or env.host(),
-        "config": OmegaConf.to_container(cfg, resolve=True),
-    }
-    try:
-        results.write_summary(out_dir, summary)
-    except OSError as exc:
-        summary["write_error"] = f"{type(exc).__name__}: {exc}"
-        print(f"mtbench: error: the results of this job could not be written to {out_dir}: {exc}", file=sys.stderr)
-    return summary
-
-
 def _profile(job: Job, samples) -> Optional[Dict[str, Any]]:
     """Join the profiled steps' ops and layers with the telemetry; None when nothing was profiled."""
     if job.profiler is None or samples is None or job.sampler is None or job.failure is not None:
         return None
-    from mtbench import profiling
-    from mtbench.console import print_top_ops
+    from mtbench.job import profile as profiling
+    from mtbench.results.console import print_top_ops
 
     steps = [(m.start_s, m.end_s) for m in job.sampler.marks if not m.warmup]
     figures = profiling.finish(job.profiler, samples, steps, job.interval_ms, job.out_dir)

@@ -118,19 +118,18 @@ def probe_isolated(overrides: List[str], batch: int, out_dir: Path) -> Probe:
     """One probe through the runner's run_isolated (a forked child per job), composing the config here."""
     from hydra import compose, initialize_config_dir
 
-    from mtbench import config, runner
+    from mtbench import config
+    from mtbench.job.isolation import run_isolated
 
     with initialize_config_dir(config_dir=str(config.conf_dir()), version_base="1.3"):
         cfg = compose(config_name="config", overrides=[*overrides, f"batch={batch}", *PROBE])
     began = time.monotonic()
-    summary = runner.run_isolated(cfg, out_dir)  # type: ignore[attr-defined]
+    summary = run_isolated(cfg, out_dir)
     return _probe_from_summary(batch, summary, time.monotonic() - began, "the job wrote no summary")
 
 
 def default_prober() -> Callable[[List[str], int, Path], Probe]:
-    from mtbench import runner
-
-    return probe_isolated if hasattr(runner, "run_isolated") else probe_in_subprocess
+    return probe_isolated
 
 
 def _models(overrides: List[str], multirun: bool) -> List[str]:
@@ -172,7 +171,7 @@ def main(argv: Optional[List[str]] = None, prober: Optional[Callable[[List[str],
     """`mtbench maxbatch [-m] model=X target=T [key=value ...]`: prints a table, writes maxbatch.json; exit code 0."""
     try:
         args = _parse(list(sys.argv[1:] if argv is None else argv))
-        from mtbench.cli import check_overrides
+        from mtbench.config import check_overrides
 
         check_overrides(args.overrides)
         models = _models(args.overrides, args.multirun)
@@ -231,7 +230,7 @@ def write(out: Path, results: List[Search], fixed: List[str], target: str, args:
 
 def _budget_bytes(target: str, fixed: List[str]) -> Optional[int]:
     """The budget the probes were held to: memory.budget_gb, target.memory_budget_bytes=N, or the target's."""
-    from mtbench.memory.targets import load_target
+    from mtbench.device.targets import load_target
 
     for o in reversed(fixed):
         key, _, value = o.partition("=")
@@ -245,7 +244,7 @@ def _budget_bytes(target: str, fixed: List[str]) -> Optional[int]:
 def print_table(results: List[Search], target: str) -> None:
     from rich.table import Table
 
-    from mtbench.console import console, fmt_bytes
+    from mtbench.results.console import console, fmt_bytes
 
     table = Table(title=f"largest batch that trains within target {target}'s budget")
     for h in ("model", "memory.plan", "max batch", "x none", "plan at max", "does not fit at", "peak at max", "probes",

@@ -19,7 +19,7 @@ from hydra import compose, initialize_config_dir
 from rich.table import Table
 
 from mtbench.config import conf_dir, group_options, instantiate
-from mtbench.console import console
+from mtbench.results.console import console
 from mtbench.errors import UsageError, describe_error
 
 
@@ -69,7 +69,7 @@ def training_flops_per_sample(workload: Any, cfg: Any) -> Tuple[Optional[float],
     except ImportError:
         return None, "not counted: needs torch >= 2.1 (torch.utils.flop_counter)"
     from mtbench.config import positive_int
-    from mtbench.workload import SetupContext
+    from mtbench.workload.base import SetupContext
 
     batch = positive_int("batch", cfg.batch)
     workload.setup(SetupContext(device=torch.device("meta"), batch_size=batch, data=_synthetic(cfg),
@@ -86,7 +86,7 @@ def training_flops_per_sample(workload: Any, cfg: Any) -> Tuple[Optional[float],
 def _synthetic(cfg: Any):
     """The configured synthetic data, or synthetic data of the configured image size for a real data set:
     the catalog reads no files and opens no emulator."""
-    from mtbench.data import Synthetic
+    from mtbench.data.synthetic import Synthetic
 
     if str(cfg.data.get("_target_", "")).endswith(".Synthetic"):
         return instantiate(cfg.data, "data")

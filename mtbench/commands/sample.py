@@ -17,7 +17,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import List, Optional, Tuple
 
-from mtbench import env, results
+from mtbench.device import env
+from mtbench.results import files as results
 from mtbench.marker import ENV as STEP_FILE_ENV
 from mtbench.sampling import SENSORS, Sampler, SensorUnavailable, StepMark, open_sensors, windows
 from mtbench.sampling.procfs import ProcfsSensor

@@ -1,0 +1,53 @@
+"""Resuming a sweep: which job folders hold a finished result of the same configuration, and the figure a
+sweeper optimizes."""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Dict, Optional
+
+from omegaconf import DictConfig
+
+from mtbench.config import OBJECTIVES
+
+
+# keys that change how a job is run, not what it measures: a resumed sweep may differ in them
+NOT_MEASURED_KEYS = ("resume", "device_lock", "lock_dir", "allow_parallel", "objective")
+
+
+def finished_summary(out_dir: str, cfg: DictConfig) -> Optional[Dict[str, Any]]:
+    """The summary in `out_dir` if it is a finished one (succeeded or a recorded failure) of this same config."""
+    from omegaconf import OmegaConf
+
+    from mtbench.results.files import read_summary
+
+    try:
+        summary = read_summary(Path(out_dir))
+    except (OSError, ValueError):
+        return None  # never written (the job was running when the sweep died), or half a file
+    if not isinstance(summary.get("config"), dict) or "success" not in summary or summary.get("write_error"):
+        return None
+    if (summary.get("failure") or {}).get("kind") == "interrupted":
+        return None  # stopped by the user, not measured: it runs again
+    now = OmegaConf.to_container(cfg, resolve=True)
+    same = {k: v for k, v in summary["config"].items() if k not in NOT_MEASURED_KEYS} == \
+        {k: v for k, v in now.items() if k not in NOT_MEASURED_KEYS}
+    return summary if same else None
+
+
+def objective_value(summary: Dict[str, Any], objective: str) -> float:
+    """The figure a sweeper optimizes (see OBJECTIVES for its direction). A job without it (a failed job, or energy
+    without a power sensor) gives the worst value for that direction, +inf or -inf: Optuna < 3 rejects NaN and
+    then ends the whole study."""
+    value: Optional[float] = None
+    if summary.get("success"):
+        if objective == "step_time_s":
+            value = (summary.get("step_time_s") or {}).get("median")
+        elif objective == "throughput":
+            value = summary.get("throughput_samples_per_s")
+        elif objective == "energy_per_sample_j":
+            per_step = (summary.get("energy_j") or {}).get("per_step_mean")
+            value = None if per_step is None else per_step / summary["batch_size"]
+    if value is None:
+        return math.inf if OBJECTIVES[objective] == "minimize" else -math.inf
+    return float(value)

@@ -1,0 +1,106 @@
+"""The data source interface and the shapes of what sources give. `conf/data/<name>.yaml` builds one source.
+
+A workload asks its source for the kind of data it trains on (images, a character corpus, sentence pairs,
+SQuAD examples, an Atari environment). Every batch is made before timing starts: nothing is read from disk
+inside the timed region. A source that cannot give the kind asked for raises a UsageError naming what it
+gives and which sources give what the model needs.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, List, Sequence, Tuple
+
+import numpy as np
+import torch
+
+from mtbench.errors import UsageError
+
+ImageBatch = Tuple[torch.Tensor, torch.Tensor]  # (N x C x H x W float32, N int64 class labels)
+
+# Token ids shared by the sentence-pair corpora: the Stanford NMT vocab files start with these three.
+UNK, BOS, EOS = 0, 1, 2
+
+
+@dataclass
+class CharCorpus:
+    ids: np.ndarray  # int64 character ids, the whole text in order
+    vocab: List[str]  # id -> character
+
+
+@dataclass
+class ParallelCorpus:
+    src: List[np.ndarray]  # one int64 id array per source sentence (no <s> / </s>)
+    tgt: List[np.ndarray]  # one per target sentence
+    src_vocab: List[str]  # id -> token; ids 0, 1, 2 are <unk> <s> </s>
+    tgt_vocab: List[str]
+
+
+@dataclass
+class QAExample:
+    context: List[str]  # context tokens
+    question: List[str]  # question tokens
+    start: int  # index of the answer's first token in context
+    end: int  # index of its last token (inclusive)
+
+
+class DataSource:
+    name = "data"
+    gives = "nothing"  # what this source provides, for error messages
+
+    @property
+    def label(self) -> str:
+        """What summary.json records as `data`."""
+        return self.name
+
+    def _cannot(self, needs: str, real: str) -> UsageError:
+        return UsageError(f"data={self.name} gives {self.gives}; this model needs {needs}: "
+                          f"allowed: data=synthetic or data={real}")
+
+    def image_batches(self, batch_size: int, count: int, shape: Sequence[int], num_classes: int,
+                      seed: int) -> List[ImageBatch]:
+        raise self._cannot("images", "cifar10")
+
+    def char_corpus(self, min_chars: int, seed: int) -> CharCorpus:
+        raise self._cannot("a character corpus", "shakespeare")
+
+    def parallel_corpus(self, pairs: int, seed: int) -> ParallelCorpus:
+        raise self._cannot("sentence pairs", "iwslt15")
+
+    def squad_examples(self, count: int, seed: int) -> List[QAExample]:
+        raise self._cannot("SQuAD question/context examples", "squad")
+
+    def atari_env(self, seed: int) -> Any:
+        raise self._cannot("an Atari environment", "atari")
+
+
+def check_image_size(image_size: Any) -> int:
+    """data.image_size as a whole number >= 1 (a UsageError naming the value otherwise)."""
+    from mtbench.config import positive_int
+
+    return positive_int("data.image_size", image_size)
+
+
+def check_image_shape(image_size: int, shape: Sequence[int]) -> None:
+    """A source gives image_size x image_size images: a model that asks another size is told which to set."""
+    if len(shape) != 3 or tuple(shape[1:]) != (image_size, image_size):
+        asked = "x".join(str(int(n)) for n in shape)
+        raise UsageError(f"data.image_size={image_size} gives {image_size}x{image_size} images, but this model takes "
+                         f"{asked}; allowed: data.image_size={int(shape[-1])}")
+
+
+class LocalFiles(DataSource):
+    """A real data set read from local disk at `location` (a file or a folder), recorded as
+    "<name>:<location>". Subclasses say in `needs` which key the user must set."""
+
+    needs = "data.path=FILE"
+
+    def __init__(self, location: str) -> None:
+        if not location:
+            from mtbench.errors import DataError
+
+            raise DataError(f"data={self.name} needs {self.needs}")
+        self.location = str(location)
+
+    @property
+    def label(self) -> str:
+        return f"{self.name}:{self.location}"

@@ -1,0 +1,1 @@
+"""One job from start to end: its lock, its process, its timed steps, its result files."""

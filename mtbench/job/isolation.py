@@ -1,0 +1,244 @@
+"""Each job in a process of its own: fork, typed messages from the job, and the summary of a job that died."""
+from __future__ import annotations
+
+import ctypes
+import logging
+import math
+import multiprocessing
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any, Dict, Optional
+
+from omegaconf import DictConfig, OmegaConf
+
+from mtbench.config import JobSpec
+from mtbench.device import env
+from mtbench.device.oom import is_oom_text
+from mtbench.errors import UsageError, describe_error
+from mtbench.job.run import run_job, sigint_deferred
+from mtbench.results import files as results
+
+log = logging.getLogger("mtbench")
+
+# ---------------------------------------------------------------------------------------------------------
+# Each job in a process of its own. The parent holds the sweep: it imports torch but never runs a torch op nor
+# touches CUDA (neither CUDA nor GNU OpenMP's thread pool survives a fork), so forking a job is cheap and safe.
+# A job that the kernel kills (the OOM killer on a Jetson, whose GPU shares the DRAM), that segfaults or that
+# leaves a sticky CUDA error ends only its own process; the parent writes its summary and the sweep goes on.
+
+DIED = "the job's process died before it wrote its results"
+
+
+def run_isolated(cfg: DictConfig, out_dir: Path, timing: Optional[Dict[str, float]] = None) -> Dict[str, Any]:
+    """Run one job in a forked child process and return its summary (the parent writes it if the child died).
+
+    Raises UsageError for a bad value the user gave (nothing written) and KeyboardInterrupt, once the child
+    has written its "interrupted" summary, when the user pressed Ctrl-C. `timing`, if given, receives
+    `wall_s` (this call) and `child_s` (the child's own run, from fork to its last message): their difference
+    is what isolation costs a job.
+    """
+    import torchvision  # noqa: F401 - imported once here rather than in every job's process (no torch op runs)
+
+    wall_start = time.monotonic()
+    out_dir = Path(out_dir)
+    context = multiprocessing.get_context("fork")
+    receiver, sender = context.Pipe(duplex=False)
+    oom_before = OomKills()
+    child = context.Process(target=_child_main, args=(cfg, out_dir, sender, os.getpid()), name="mtbench-job")
+    child.start()
+    sender.close()
+    messages: Dict[str, Any] = {}
+    interrupted = False
+    alive = True
+    while True:
+        try:
+            if receiver.poll(0.1):
+                with sigint_deferred():  # a message is read whole, or the pipe would lose its framing
+                    kind, payload = receiver.recv()
+                messages[kind] = payload
+            elif not alive:
+                break  # it exited and everything it sent has been read
+            else:
+                alive = child.is_alive()  # one more poll after this, for what it sent just before exiting
+        except EOFError:  # the child closed its end: it is about to exit
+            child.join()
+            break
+        except KeyboardInterrupt:
+            # Ctrl-C on a terminal reaches the child too; a signal sent to this process alone is passed on.
+            # The child records "interrupted", writes its results and exits; this process waits for that.
+            interrupted = True
+            if child.is_alive():
+                os.kill(child.pid, signal.SIGINT)
+    child.join()
+    receiver.close()
+    if timing is not None:
+        timing.update(wall_s=time.monotonic() - wall_start, child_s=messages.get("child_seconds", math.nan))
+    if "usage" in messages:
+        raise UsageError(messages["usage"])
+    summary = messages.get("summary")
+    if summary is None:
+        if interrupted:
+            messages["interrupted"] = True
+        summary = _summary_of_dead_job(cfg, out_dir, child.exitcode, messages, oom_before.since())
+    if interrupted or messages.get("interrupted"):
+        raise KeyboardInterrupt
+    return summary
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """A job whose sweep was killed must not train on as an orphan (Linux: PR_SET_PDEATHSIG)."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+        os._exit(1)
+
+
+def _child_main(cfg: DictConfig, out_dir: Path, sender, parent_pid: int) -> None:
+    _die_with_parent(parent_pid)
+
+    def on_sigint(signum, frame):
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # the first Ctrl-C ends the job; more change nothing
+        raise KeyboardInterrupt
+
+    # a process started with SIGINT ignored (a script's `mtbench ... &` in a shell without job control) keeps
+    # ignoring it, as the parent does
+    if signal.getsignal(signal.SIGINT) != signal.SIG_IGN:
+        signal.signal(signal.SIGINT, on_sigint)
+    started = time.monotonic()
+    try:
+        summary = run_job(cfg, out_dir, notify=lambda kind, payload: sender.send((kind, payload)))
+        sender.send(("summary", summary))
+    except UsageError as exc:
+        sender.send(("usage", str(exc)))
+    except KeyboardInterrupt:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # its summary is on the way; more Ctrl-C change nothing
+        sender.send(("interrupted", True))
+        try:
+            sender.send(("summary", results.read_summary(out_dir)))
+        except (OSError, ValueError):
+            pass
+    except BaseException as exc:  # an error outside the job's own try (e.g. CUDA fails to start): a result too
+        sender.send(("crashed", describe_error(exc)))
+        log.debug("job process failed", exc_info=True)
+    finally:
+        sender.send(("child_seconds", time.monotonic() - started))
+        sender.close()
+
+
+def signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+class OomKills:
+    """Kills by the kernel's OOM killer while a job ran, from the job's own memory cgroup (v2 memory.events,
+    v1 memory.oom_control: each counts the kills of its processes, by the global OOM killer too); only the
+    machine-wide count in /proc/vmstat where no cgroup file is readable (then it cannot say whose)."""
+
+    def __init__(self) -> None:
+        self.path = _memcg_oom_file()
+        self.before = _read_oom_kill(self.path) if self.path else None
+        self.machine_before = _read_oom_kill("/proc/vmstat")
+
+    def since(self) -> Dict[str, Any]:
+        """{"own": kills in the job's cgroup or None, "machine": kills on the machine or None, "file": ...}"""
+        own = _read_oom_kill(self.path) if self.path else None
+        machine = _read_oom_kill("/proc/vmstat")
+        return {"own": None if own is None or self.before is None else own - self.before,
+                "machine": None if machine is None or self.machine_before is None else machine - self.machine_before,
+                "file": self.path}
+
+
+def _memcg_oom_file() -> Optional[str]:
+    """This process's memory cgroup counter file (a forked job stays in its parent's cgroup)."""
+    try:
+        with open("/proc/self/cgroup") as f:
+            lines = [line.rstrip("\n").split(":", 2) for line in f]
+    except OSError:
+        return None
+    for _, controllers, path in lines:
+        if controllers == "":  # cgroup v2
+            candidate = os.path.join("/sys/fs/cgroup", path.lstrip("/"), "memory.events")
+        elif "memory" in controllers.split(","):  # cgroup v1
+            candidate = os.path.join("/sys/fs/cgroup/memory", path.lstrip("/"), "memory.oom_control")
+        else:
+            continue
+        if _read_oom_kill(candidate) is not None:
+            return candidate
+    return None
+
+
+def _read_oom_kill(path: str) -> Optional[int]:
+    try:
+        with open(path, "rb") as f:
+            for line in f:
+                if line.startswith(b"oom_kill "):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def _summary_of_dead_job(cfg: DictConfig, out_dir: Path, exitcode: Optional[int], messages: Dict[str, Any],
+                         oom_kills: Dict[str, Any]) -> Dict[str, Any]:
+    """The summary of a job whose process ended without sending one, written by the parent."""
+    if "interrupted" in messages:  # Ctrl-C before the job had anything to write
+        failure = {"kind": "interrupted", "message": "interrupted by the user (Ctrl-C)"}
+    elif "crashed" in messages:
+        failure = {"kind": "oom" if is_oom_text(messages["crashed"]) else "error",
+                   "message": messages["crashed"]}
+    elif exitcode is not None and exitcode < 0:
+        name = signal_name(-exitcode)
+        if exitcode == -signal.SIGKILL and oom_kills["own"]:
+            failure = {"kind": "oom", "message": f"the job's process was killed by the kernel's OOM killer ({name}; "
+                                                 f"oom_kill in {oom_kills['file']} rose by {oom_kills['own']} while it ran)"}
+        else:
+            failure = {"kind": "killed", "message": f"the job's process was killed by signal {-exitcode} ({name})"}
+            if exitcode == -signal.SIGKILL and oom_kills["own"] is None and oom_kills["machine"]:
+                failure["message"] += (f"; the OOM killer killed {oom_kills['machine']} process(es) on this machine "
+                                       "meanwhile (/proc/vmstat), possibly this one: no cgroup counter says whose")
+    else:
+        failure = {"kind": "error", "message": f"the job's process exited with code {exitcode} before writing its results"}
+    spec = JobSpec.from_cfg(cfg)
+    started = messages.get("started") or {}
+    unavailable = {k: DIED for k in ("cpu_util_pct", "gpu_util_pct", "power_w", "energy_j", "mem_peak_bytes")}
+    summary: Dict[str, Any] = {
+        "schema": results.SCHEMA,
+        "model": spec.model,
+        "batch_size": spec.batch_size,
+        "device": started.get("device", spec.device),
+        "data": messages.get("data", "unknown"),
+        "success": False,
+        "failure": failure,
+        "warmup_steps": spec.warmup,
+        "measured_steps": 0,
+        "step_time_s": None,
+        "throughput_samples_per_s": None,
+        "cpu_util_pct": None,
+        "gpu_util_pct": None,
+        "power_w": None,
+        "energy_j": None,
+        "unavailable": unavailable,
+        "mem_peak_bytes": None,
+        "mem_peak_source": None,
+        "target": cfg.get("target", {}).get("name", "none"),
+        "budget_bytes": cfg.get("target", {}).get("memory_budget_bytes"),
+        "sampler": {"interval_ms": cfg.sampler.interval_ms, "samples": 0},
+        "env": started.get("env") or env.host(),
+        "config": OmegaConf.to_container(cfg, resolve=True),
+    }
+    try:
+        results.write_summary(out_dir, summary)
+    except OSError as exc:
+        summary["write_error"] = f"{type(exc).__name__}: {exc}"
+        print(f"mtbench: error: the results of this job could not be written to {out_dir}: {exc}", file=sys.stderr)
+    return summary
+
+

@@ -1,0 +1,105 @@
+"""The device lock: one measurement per device at a time, across processes and users."""
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import stat
+import sys
+from pathlib import Path
+from typing import Optional, Tuple
+
+import torch
+
+from mtbench.config import LOCK_MODES
+from mtbench.device.select import lock_key
+from mtbench.errors import UsageError
+
+
+class DeviceLock:
+    """One measurement per device at a time, across processes: an flock on `<lock_dir>/mtbench-<device>.lock`
+    (the kernel releases it when the holder exits, however it ends). The file holds the holder's pid.
+
+    The folder may be shared by every user (/tmp): the file is opened without following a link, only a regular
+    file with one name is used, its mode is changed only when this call created it, and it is written (the pid)
+    only when it is the caller's own. Another user's lock file is locked read-only (flock needs no write).
+    """
+
+    def __init__(self, device: torch.device, mode: str, lock_dir: str) -> None:
+        if mode not in LOCK_MODES:
+            raise UsageError(f"device_lock={mode!r} is not known; allowed: {', '.join(LOCK_MODES)}")
+        if mode != "off" and not os.path.isabs(lock_dir):
+            # an empty MTBENCH_LOCK_DIR= meant the current folder: jobs started in two folders never met
+            raise UsageError(f"lock_dir={lock_dir!r} (or MTBENCH_LOCK_DIR) is not an absolute folder; allowed: an "
+                             "absolute path every mtbench user can write (default /tmp), or device_lock=off")
+        self.mode = mode
+        self.name = str(device)
+        key = lock_key(device)
+        self.path = Path(lock_dir) / f"mtbench-{key}.lock"
+        self.fd: Optional[int] = None
+        self.writable = False
+
+    def acquire(self) -> None:
+        if self.mode == "off":
+            return
+        self.fd, self.writable = self._open()
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(self.fd, 32, 0).decode(errors="replace").strip() or "?"
+            if self.mode == "fail":
+                self.release()
+                raise UsageError(f"{self.name} is being measured by another mtbench job (pid {holder}); "
+                                 "device_lock=wait waits for it, device_lock=off measures anyway") from None
+            print(f"mtbench: waiting for {self.name}: another mtbench job (pid {holder}) is measuring it",
+                  file=sys.stderr, flush=True)
+            fcntl.flock(self.fd, fcntl.LOCK_EX)
+        if self.writable:
+            os.ftruncate(self.fd, 0)
+            os.pwrite(self.fd, str(os.getpid()).encode(), 0)
+
+    def _open(self) -> Tuple[int, bool]:
+        """(descriptor, whether this process may write its pid there); a UsageError where the file is refused."""
+        folder, name = str(self.path.parent), self.path.name
+        where = f"lock_dir={folder!r}: {name}"
+        # O_NOFOLLOW: a link planted in a shared folder would point the open (and a chmod) at another file;
+        # O_NONBLOCK: a planted FIFO must not block the open; O_EXCL: a file this call creates is its own
+        flags = os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
+        try:
+            fd = os.open(self.path, flags | os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o666)
+            os.fchmod(fd, 0o666)  # the umask took the others' write bit: every user shares this lock
+            return fd, True
+        except FileExistsError:
+            pass  # another job's (or a planted) file: judged below
+        except OSError as exc:
+            raise UsageError(f"{where} cannot be created ({exc.strerror}); allowed: a writable folder, "
+                             "or device_lock=off") from None
+        try:
+            try:
+                fd, writable = os.open(self.path, flags | os.O_RDWR), True
+            except PermissionError:  # another user's file (or fs.protected_regular in /tmp): flock needs no write
+                fd, writable = os.open(self.path, flags | os.O_RDONLY), False
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise UsageError(f"{where} is a symbolic link, refused (another user may have planted it); "
+                                 "allowed: a regular file, or remove the link, or device_lock=off") from None
+            raise UsageError(f"{where} cannot be opened ({exc.strerror}); allowed: a folder every mtbench user "
+                             "can write, or device_lock=off") from None
+        info = os.fstat(fd)
+        problem = None
+        if not stat.S_ISREG(info.st_mode):
+            problem = "is not a regular file"
+        elif info.st_nlink != 1:
+            problem = f"has {info.st_nlink} hard links (it may be another file's name)"
+        if problem is not None:
+            os.close(fd)
+            raise UsageError(f"{where} {problem}, refused; allowed: a regular lock file of one name, or remove it, "
+                             "or device_lock=off")
+        return fd, writable and info.st_uid == os.geteuid()  # never write into another user's file
+
+    def release(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)  # closing the descriptor drops the flock
+            self.fd = None
+
+

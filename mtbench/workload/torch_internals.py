@@ -1,0 +1,173 @@
+"""The torch internals mtbench hooks (private APIs that may change between releases), in one place.
+
+Checked on torch 2.14.1 (CI) and 2.5+ for MemTracker (torch.distributed._tools.mem_tracker: absent before 2.5,
+where the memory breakdown and the traced peak are null with that reason); FakeTensorConverter,
+torch.utils.swap_tensors (2.3+) and torch.optim.*._default_to_fused_or_foreach on torch 2.0.1 and 2.14.1
+(benchmarks/compat.sh runs the suite on torch 2.0.1). Each hook says what it changes and why.
+- `fake_mode`: FakeTensorMode whose converter skips the weak-value memo (so `Module.to` can swap tensors).
+- `swappable`: torch.utils.swap_tensors, wrapped to drop fake-tensor bookkeeping first.
+- `foreach_optimizers`: torch.optim's implementation choice as on a CUDA GPU.
+- `new_recording_tracker`: the trace's MemTracker subclass (keeps the order of allocations and frees), and
+  `step_tracker_class`, the measured breakdown's (a network run twice in one step restarts its statistics).
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Iterator, List, Tuple
+
+import torch
+
+
+@contextlib.contextmanager
+def swappable(fake_mode: Any, counter: Any) -> Iterator[None]:
+    """Let `Module.to()` swap fake parameters: drop the weak references torch's fake-tensor bookkeeping and
+    our value table hold to the two tensors just before torch.utils.swap_tensors (which refuses them)."""
+    if fake_mode is None:
+        yield
+        return
+    original = torch.utils.swap_tensors
+    describer = fake_mode.fake_tensor_converter.meta_converter.describer
+
+    def swap_tensors(t1: torch.Tensor, t2: torch.Tensor) -> None:
+        for t in (t1, t2):
+            describer.lookup_tensor.pop(t, None)
+            counter.forget(t)
+        original(t1, t2)
+
+    torch.utils.swap_tensors = swap_tensors
+    try:
+        yield
+    finally:
+        torch.utils.swap_tensors = original
+
+
+@contextlib.contextmanager
+def foreach_optimizers() -> Iterator[None]:
+    """torch.optim's default implementation choice as on a CUDA GPU: foreach (a fake or CPU tensor gets the
+    single-tensor loop otherwise)."""
+    import importlib
+
+    def cuda_default(params: Any, differentiable: bool, use_fused: bool = False) -> Tuple[bool, bool]:
+        return False, not differentiable and not torch.jit.is_scripting()
+
+    patched = []
+    for name in ("optimizer", "sgd", "adam", "adamw", "rmsprop", "adagrad", "adadelta", "adamax", "nadam",
+                 "radam", "rprop", "asgd"):
+        try:
+            module = importlib.import_module(f"torch.optim.{name}")
+        except ImportError:
+            continue
+        if hasattr(module, "_default_to_fused_or_foreach"):
+            patched.append((module, module._default_to_fused_or_foreach))
+            module._default_to_fused_or_foreach = cuda_default
+    try:
+        yield
+    finally:
+        for module, original in patched:
+            module._default_to_fused_or_foreach = original
+
+
+def fake_mode() -> Any:
+    """A FakeTensorMode whose fresh tensors hold no weak reference, so that `module.to(device)` works.
+
+    torch memoizes every fake tensor it makes in a weak-value map; `Module.to` swaps a fake parameter for
+    its converted copy (torch.utils.swap_tensors), which refuses a tensor that has a weak reference. A
+    tensor made from a fresh meta tensor never needs the memo (nothing else maps to it): skip it there.
+    """
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorConverter, FakeTensorMode
+
+    class _Converter(FakeTensorConverter):
+        def from_meta_and_device(self, fake_mode, t, device, pytype=None, dispatch_keys=None):
+            return FakeTensor(fake_mode, t, device, pytype=pytype, dispatch_keys=dispatch_keys)
+
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    mode.fake_tensor_converter.__class__ = _Converter
+    return mode
+
+
+def _recording_tracker_class() -> Any:
+    from torch.distributed._tools.mem_tracker import _TOTAL_KEY, MemTracker, _UpdateType
+
+    class RecordingTracker(MemTracker):
+        """torch's MemTracker that also keeps the order of allocations and frees (for the allocator's rounding)."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.events: List[Tuple[int, int, str]] = []
+
+        def _pre_fw_hook(self, module, inputs):
+            try:
+                super()._pre_fw_hook(module, inputs)
+            except NotImplementedError:  # a network called twice in one step (DQN's online network): allowed
+                self.memory_tracking.pop(module, None)
+                super()._pre_fw_hook(module, inputs)
+
+        def _track_module_params_and_buffers(self, module, install_grad_hooks=True):
+            # a frozen parameter (a fixed embedding) takes no gradient hook: mark it as already hooked
+            for p in module.parameters():
+                if not p.requires_grad and p not in self._param_to_grad_hook_handles:
+                    self._param_to_grad_hook_handles[p] = (_NoHandle(), _NoHandle())
+            return super()._track_module_params_and_buffers(module, install_grad_hooks)
+
+        def _update_peak_stats(self, peak_state):
+            # the step's peak only: torch's version also keeps every module's peak, walking all modules on
+            # every op (a third of the trace's time on BERT)
+            for dev, snap in self._curr_mem_snap.items():
+                if self._peak_mem.get(dev, 0) < snap[_TOTAL_KEY]:
+                    self._peak_mem[dev] = snap[_TOTAL_KEY]
+                    self._peak_mem_snap[dev] = dict(snap)
+
+        def _track_inputs_or_outputs(self, args):
+            # per-module input/output sizes are not used here; torch's version rebuilds the arguments with
+            # tree_map, which fails on a PackedSequence whose unsorted_indices is None
+            return 0
+
+        def _update_snap(self, u_type, winfo, old_mem_consumed=None, old_reftype=None):
+            super()._update_snap(u_type, winfo, old_mem_consumed, old_reftype)
+            kind = getattr(winfo.reftype, "value", str(winfo.reftype))
+            if u_type == _UpdateType.ADD:
+                self.events.append((id(winfo), winfo.size * winfo.element_size, kind))
+            elif u_type == _UpdateType.DEL:
+                self.events.append((id(winfo), -1, kind))
+            elif u_type == _UpdateType.SIZE:  # a resized storage: freed and allocated again
+                self.events.append((id(winfo), -1, kind))
+                self.events.append((id(winfo), winfo.size * winfo.element_size, kind))
+            elif u_type == _UpdateType.REF:  # the same bytes change kind (e.g. an output becomes a gradient)
+                self.events.append((id(winfo), -2, kind))
+
+    return RecordingTracker
+
+
+class _NoHandle:
+    def remove(self) -> None:
+        pass
+
+
+def new_recording_tracker() -> Any:
+    """A RecordingTracker (the class is made on first use: torch's module is imported lazily)."""
+    global _TRACKER_CLASS
+    if _TRACKER_CLASS is None:
+        _TRACKER_CLASS = _recording_tracker_class()
+    return _TRACKER_CLASS()
+
+
+_TRACKER_CLASS = None
+
+
+def step_tracker_class() -> type:
+    """The breakdown's MemTracker subclass (the trace's is `new_recording_tracker`): a second forward restarts."""
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    class StepTracker(MemTracker):
+        """MemTracker that accepts a network called twice in one step (a GAN's discriminator on real, then fake).
+
+        MemTracker refuses a second forward of a top-level module as "multiple iterative calls"; we only need the
+        step's peak, not per-module statistics, so the module's statistics restart instead.
+        """
+
+        def _pre_fw_hook(self, module: torch.nn.Module, inputs: Any) -> None:
+            if module in self.memory_tracking and not self._mod_tracker.is_bw:
+                del self.memory_tracking[module]
+            super()._pre_fw_hook(module, inputs)
+
+    return StepTracker
