@@ -22,7 +22,7 @@ from pathlib import Path
 from hydra import compose, initialize_config_dir
 
 from mtbench.config import conf_dir
-from mtbench.job.run import run_isolated
+from mtbench.job.isolation import run_isolated
 
 
 def sweep_wall_s(mode: str, overrides, jobs: int) -> float:
@@ -32,7 +32,8 @@ import sys, tempfile, time
 from pathlib import Path
 from hydra import compose, initialize_config_dir
 from mtbench.config import conf_dir
-from mtbench.job.run import run_isolated, run_job
+from mtbench.job.isolation import run_isolated
+    from mtbench.job.run import run_job
 import torchvision  # imported before the clock starts on both sides
 with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
     cfg = compose(config_name="config", overrides={list(overrides)!r})

@@ -41,7 +41,7 @@ from hydra import compose, initialize_config_dir
 
 from mtbench.config import conf_dir
 from mtbench.campaign.maxbatch import DOES_NOT_FIT, Probe, search
-from mtbench.job.run import run_isolated
+from mtbench.job.isolation import run_isolated
 
 MODELS = ["resnet50", "vgg16", "mobilenetv2", "inceptionv1", "squeezenet"]
 NEEDS_32 = {"vgg16", "vgg19"}  # five 2x2 pools: a 16x16 image would shrink to nothing

@@ -22,7 +22,9 @@ from hydra import compose, initialize_config_dir
 from mtbench.config import conf_dir, instantiate
 from mtbench.data.synthetic import Synthetic
 from mtbench.device.peak import release_memory
-from mtbench.job.run import MAX_PREPARED_BATCHES, resolve_device, run_job
+from mtbench.device.select import resolve_device
+from mtbench.job.run import run_job
+from mtbench.workload.base import MAX_PREPARED_BATCHES
 from mtbench.workload.base import SetupContext
 
 

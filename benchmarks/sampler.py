@@ -23,7 +23,7 @@ from hydra import compose, initialize_config_dir
 
 from mtbench.config import conf_dir, instantiate
 from mtbench.data.synthetic import Synthetic
-from mtbench.job.run import resolve_device
+from mtbench.device.select import resolve_device
 from mtbench.sampling import Sampler
 from mtbench.sampling.jetson import JetsonSensor
 from mtbench.sampling.procfs import ProcfsSensor

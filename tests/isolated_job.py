@@ -1,4 +1,4 @@
-"""`python tests/isolated_job.py OUT_DIR OVERRIDE...`: one job through runner.run_isolated in a fresh process
+"""`python tests/isolated_job.py OUT_DIR OVERRIDE...`: one job through job.isolation.run_isolated in a fresh process
 (forking from pytest's process, where other tests ran torch ops, would not be the parent mtbench is), with the
 test workloads allowed. Prints the summary as JSON on the last line; exit 130 on KeyboardInterrupt."""
 from __future__ import annotations
@@ -15,7 +15,7 @@ from tests.conftest import compose_cfg  # noqa: E402
 config.ALLOWED_TARGET_PREFIXES = config.ALLOWED_TARGET_PREFIXES + ("tests.",)
 
 if __name__ == "__main__":
-    from mtbench.job.run import run_isolated
+    from mtbench.job.isolation import run_isolated
 
     try:
         summary = run_isolated(compose_cfg(sys.argv[2:]), Path(sys.argv[1]))

@@ -13,7 +13,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from mtbench.config import check_overrides
 from mtbench.config import conf_dir, group_options
 
-# Table II of Liu et al. 2019 as mtbench names its models (DESIGN.md "The suite")
+# Table II of Liu et al. 2019 as mtbench names its models (docs/models.md "Models")
 PAPER_MODELS = ["alexnet", "vgg16", "vgg19", "resnet50", "resnet101", "resnet152", "densenet40", "densenet100",
                 "squeezenet", "xception", "inceptionv1", "char_rnn", "dcgan", "dqn", "seq2seq", "bert"]
 PAPER_BATCHES = [1, 2, 4, 8, 16, 32, 64]

@@ -138,7 +138,7 @@ def test_a_crash_while_releasing_keeps_the_jobs_results(tmp_path):
 
 
 def test_a_deferred_ctrl_c_goes_to_the_job_handler_once():
-    from mtbench.job.run import _sigint_deferred
+    from mtbench.job.run import sigint_deferred as _sigint_deferred
 
     calls = []
 
@@ -182,7 +182,7 @@ def test_the_device_lock_is_shared_by_every_user(tmp_path):
 
     import torch
 
-    from mtbench.job.run import DeviceLock
+    from mtbench.job.lock import DeviceLock
 
     shared = tempfile.mkdtemp(dir="/tmp")
     os.chmod(shared, 0o1777)  # like /tmp itself

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from mtbench.errors import UsageError
-from mtbench.job.run import DeviceLock
+from mtbench.job.lock import DeviceLock
 
 NOBODY = 65534
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="planting as another user needs root (setuid to nobody)")

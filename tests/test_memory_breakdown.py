@@ -157,7 +157,7 @@ class WideMLP(TinyCNN):
 
 @needs_tracker
 def test_optimizer_update_temporaries_are_other_not_state(monkeypatch):
-    from mtbench.device.peak import breakdown
+    from mtbench.workload import breakdown
 
     workload = WideMLP()
     count = sum(p.numel() for p in workload.net.parameters())

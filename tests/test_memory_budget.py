@@ -98,7 +98,8 @@ def test_cuda_cap_gives_a_real_out_of_memory_error():
 # own, so that this process's allocator keeps its settings.
 _HELD_SCRIPT = """
 import sys, torch
-from mtbench.device import budget, current_rss_bytes
+from mtbench.device import budget
+from mtbench.device.peak import current_rss_bytes
 from mtbench.device.targets import load_target
 if sys.argv[1] == "held":
     assert budget.apply_budget(load_target("nano"), torch.device("cpu"))["cpu_malloc"]["mmap_threshold_bytes"]

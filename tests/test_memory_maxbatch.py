@@ -7,7 +7,7 @@ from typing import List
 
 import pytest
 
-from mtbench.device.peak import maxbatch
+from mtbench.campaign import maxbatch
 from mtbench.campaign.maxbatch import Probe, search
 
 

@@ -306,7 +306,7 @@ def test_recompute_under_a_budget_takes_the_least_share_that_fits(run, monkeypat
 
     monkeypatch.setattr(plan_select, "probe_step", probe)
     from mtbench.device import peak as memory  # mallopt stays out of this test process (it would hold for every later test)
-    from mtbench.device.peak import peak
+    from mtbench.device import peak
 
     for module in (memory, peak):
         monkeypatch.setattr(module, "set_cpu_malloc", lambda mode, budgeted: {"note": "fake"})

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from mtbench.results.files import REQUIRED_KEYS, SCHEMA
-from mtbench.job.run import is_oom
+from mtbench.device.oom import is_oom
 from tests.conftest import compose_cfg, ctrl_c_raises
 
 import torch

@@ -39,15 +39,15 @@ def test_outside_or_missing_targets_are_refused(target, reason):
 
 
 # Callables under mtbench. and models. that a config must not reach: each passed the prefix rule on the old main.
-# (mtbench.results.atomic_write wrote a file the config named; mtbench.commands.sample.main ran a shell command.)
+# (mtbench.results.files.atomic_write wrote a file the config named; mtbench.commands.sample.main ran a shell command.)
 @pytest.mark.parametrize("where, target", [
-    ("data", "mtbench.results.atomic_write"),
+    ("data", "mtbench.results.files.atomic_write"),
     ("data", "mtbench.commands.sample.main"),
     ("data", "models.alexnet.AlexNetCIFAR"),             # a network is not a data source
     ("model.workload", "mtbench.commands.sample.main"),
     ("model.workload", "mtbench.data.synthetic.Synthetic"),        # a data source is not a workload
     ("model.workload", "models.alexnet.AlexNetCIFAR"),   # nor is a bare network
-    ("model.workload.net", "mtbench.results.atomic_write"),
+    ("model.workload.net", "mtbench.results.files.atomic_write"),
     ("model.workload.net", "mtbench.commands.sample.main"),
     ("model.workload.net", "models.qa.pad_ids"),         # a function of models. that returns a tensor
     ("model.workload.optimizer", "mtbench.commands.sample.main"),
@@ -72,7 +72,7 @@ def test_a_target_where_no_object_is_built_is_refused():
         check_targets(cfg)
 
 
-@pytest.mark.parametrize("target", ["mtbench.results.atomic_write", "mtbench.commands.sample.main"])
+@pytest.mark.parametrize("target", ["mtbench.results.files.atomic_write", "mtbench.commands.sample.main"])
 def test_the_command_line_cannot_name_an_mtbench_function_as_data(target, tmp_path):
     victim = tmp_path / "victim"
     proc = mtbench_cli("model=squeezenet", f"data._target_={target}", f"+data.path={victim}", "+data.data=x",

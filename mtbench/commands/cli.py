@@ -25,7 +25,7 @@ def _fail(message: str, code: int = 2) -> None:
 @hydra.main(version_base="1.3", config_path=str(conf_dir()), config_name="config")
 def hydra_app(cfg: DictConfig) -> float:
     from mtbench.results.console import print_summary
-    from mtbench.job.run import run_isolated
+    from mtbench.job.isolation import run_isolated
 
     hydra_cfg = HydraConfig.get()
     objective = str(cfg.get("objective", "step_time_s"))

@@ -1,6 +1,6 @@
 """The result files of one job (summary.json, steps.csv, samples.csv), written atomically.
 
-summary.json follows the contract in DESIGN.md (schema "mtbench.summary/1"); extra keys are allowed, the
+summary.json follows the contract in docs/results.md (schema "mtbench.summary/1"); extra keys are allowed, the
 required ones never change meaning without a schema bump.
 """
 from __future__ import annotations
