@@ -186,7 +186,7 @@ def test_nvml_fields_and_energy(monkeypatch):
     monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml())
     sensors, status = open_sensors(["nvml"], {})
     names = [f.name for f in sensors[0].fields()]
-    assert names == ["gpu0_util_pct", "gpu0_power_mw", "gpu0_energy_mj", "gpu0_mem_used_bytes"]
+    assert names == ["gpu0_util_pct", "gpu0_power_mw", "gpu0_power_avg_mw", "gpu0_energy_mj", "gpu0_mem_used_bytes"]
     samples, start, end = _run_sampler_with(sensors[0], 0.4)
     s = summarize(samples, [StepMark(0, start, end, False)], 5)
     assert s["gpu_util_pct"] == {"mean": 75.0, "per_gpu": {"0": 75.0}}
@@ -249,7 +249,7 @@ def _two_gpu_summary(monkeypatch, **options):
 
 def test_nvml_counts_only_the_jobs_gpu(monkeypatch):
     """Issue 8 item 1: a job on the second of two GPUs (torch's uuid has no "GPU-" prefix)."""
-    s = _two_gpu_summary(monkeypatch, job_uuids=["BBBB2222-0000-0000-0000-000000000000"])
+    s = _two_gpu_summary(monkeypatch, job_uuids=["BBBB2222-0000-0000-0000-000000000000"], other_gpus=True)
     energy = s["energy_j"]
     assert energy["total_rails"] == ["gpu1"]
     assert energy["total"] == pytest.approx(100.0, rel=0.02)  # 100 W x 1 s, not 400 W
@@ -267,7 +267,10 @@ def test_nvml_without_job_uuids_counts_every_gpu_and_says_so(monkeypatch):
 
 
 def test_nvml_no_gpu_matches_job_uuids(monkeypatch):
-    s = _two_gpu_summary(monkeypatch, job_uuids=["cccc3333-0000-0000-0000-000000000000"])
+    monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml(_two_gpus()))
+    with pytest.raises(SensorUnavailable, match="no GPU NVML sees has a UUID in job_uuids .cccc3333.*other_gpus"):
+        open_sensors(["nvml"], {"nvml": {"job_uuids": ["cccc3333-0000-0000-0000-000000000000"]}})
+    s = _two_gpu_summary(monkeypatch, job_uuids=["cccc3333-0000-0000-0000-000000000000"], other_gpus=True)
     assert s["energy_j"]["total"] is None and s["energy_j"]["by_rail"]["gpu0"] is not None
     assert s["gpu_util_pct"]["mean"] is None
     for key in ("energy_j.total", "gpu_util_pct.mean"):

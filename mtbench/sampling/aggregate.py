@@ -65,6 +65,35 @@ def integral(times: np.ndarray, values: np.ndarray, start: float, end: float,
     return float(np.sum((vs[1:] + vs[:-1]) * np.diff(ts)) / 2.0)
 
 
+def window_mean_cumulative(times: np.ndarray, values: np.ndarray):
+    """(breakpoints, cumulative integral at them) of a gauge whose each new value is the mean since its
+    previous update: the value first seen at a change point covers the time back to the change point before
+    it (a run that never changes covers the span it was seen). None with fewer than two valid samples."""
+    t, v = _valid(times, values)
+    if len(t) < 2:
+        return None
+    change = np.concatenate(([True], np.diff(v) != 0))
+    c, cv = t[change], v[change]
+    # (c[k-1], c[k]] holds cv[k]; after the last change point its value holds up to the last sample
+    bounds = np.concatenate((c, [t[-1]])) if t[-1] > c[-1] else c
+    held = np.concatenate((cv[1:], [cv[-1]]))[: len(bounds) - 1]
+    if len(bounds) < 2:
+        return None
+    return bounds, np.concatenate(([0.0], np.cumsum(held * np.diff(bounds))))
+
+
+def window_mean_integral(times: np.ndarray, values: np.ndarray, start: float, end: float,
+                         max_gap_s: Optional[float] = None) -> Optional[float]:
+    """The integral over [start, end] of a gauge read as `window_mean_cumulative` does."""
+    cum = window_mean_cumulative(times, values)
+    if cum is None or start < cum[0][0] or end > cum[0][-1] or end < start:
+        return None
+    if max_gap_s is not None and integral(times, values, start, end, max_gap_s) is None:
+        return None  # the same gap rule as any gauge
+    lo, hi = np.interp([start, end], *cum)
+    return float(hi - lo)
+
+
 def mean(times: np.ndarray, values: np.ndarray, start: float, end: float,
          max_gap_s: Optional[float] = None) -> Optional[float]:
     """Time-weighted mean of a gauge over [start, end]."""

@@ -4,7 +4,8 @@ Framework-agnostic: intervals are (name, start_s, end_s) on the sampler's monoto
 recorded them. Energy is attributed without double counting: the timeline is cut at every interval edge,
 and the energy of each piece (the rail's power integrated over it) is split evenly among the intervals
 active during it. A rail's coarse energy counter (NVML's, updated every ~100 ms) cannot resolve operations:
-its power is integrated instead (a counter-only rail whose counter is coarse gives no per-operation energy).
+its power is integrated instead (a counter-only rail whose counter is coarse gives no per-operation energy,
+and the check's `energy_unavailable` says why, e.g. NVML's only power reading is a 1 s average).
 The energy of step time that no interval covers goes to one "[no op]" row, so the rows
 add up to the steps' energy.
 """
@@ -16,6 +17,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from mtbench.sampling import aggregate
 from mtbench.sampling.sampler import Samples
 from mtbench.sampling.sensor import GPU_UTIL
 from mtbench.sampling.windows import Rails
@@ -31,9 +33,14 @@ class Interval:
     device: str = "cpu"  # which timeline it is on: "cpu" (host ops) or "cuda" (kernels)
 
 
-def cumulative(times: np.ndarray, values: np.ndarray, query: np.ndarray, counter: bool) -> Optional[np.ndarray]:
+def cumulative(times: np.ndarray, values: np.ndarray, query: np.ndarray, counter: bool,
+               window_mean: bool = False) -> Optional[np.ndarray]:
     """F(query): a counter's interpolated value, or a gauge's integral from times[0] (trapezoids, exact for
-    the piecewise-linear signal through the samples). None when the rail has no valid sample."""
+    the piecewise-linear signal through the samples; for a `window_mean` gauge, its staircase read back to
+    the previous change). None when the rail has no valid sample."""
+    if window_mean and not counter:
+        cum = aggregate.window_mean_cumulative(times, values)
+        return None if cum is None else np.interp(query, *cum)
     ok = ~np.isnan(values)
     t, v = times[ok], values[ok]
     if len(t) < 2:
@@ -82,13 +89,17 @@ def attribute(intervals: Sequence[Interval], steps: Sequence[Tuple[float, float]
     energy_total = np.zeros(n + 1)
     steps_energy = 0.0
     total_known = bool(rails.total)
+    unavailable: Dict[str, str] = {}  # rail -> why it gives no per-operation energy
     for rail in rails.names:
         # an operation lasts milliseconds: a counter that updates every 100 ms (NVML) cannot split them, so
         # the power integral does; a counter that changes about every sample (RAPL) is used as it is
         counter = rail in rails.energy and not rails.coarse(rail)
         f = rails.energy[rail] if counter else rails.power.get(rail)
-        cum = None if f is None else cumulative(samples.time_s, samples.columns[f.name], edges, counter)
+        cum = None if f is None else cumulative(samples.time_s, samples.columns[f.name], edges, counter,
+                                                 window_mean=f.window_mean)
         if cum is None:
+            if f is None:
+                unavailable[rail] = rails.why_unresolved(rail, min((b - a for a, b in steps), default=0.0))
             columns[f"power_w_{rail}"] = [None] * (n + 1)
             columns[f"energy_j_{rail}"] = [None] * (n + 1)
             total_known = total_known and rail not in rails.total
@@ -123,7 +134,8 @@ def attribute(intervals: Sequence[Interval], steps: Sequence[Tuple[float, float]
     rows.sort(key=lambda r: -(r[3] or 0))
     check = {"steps_energy_j": steps_energy if total_known and rails.total else None,
              "rows_energy_j": float(energy_total.sum()) if total_known and rails.total else None,
-             "coverage": covered / step_time if step_time else None, "step_time_s": step_time}
+             "coverage": covered / step_time if step_time else None, "step_time_s": step_time,
+             "energy_unavailable": unavailable}
     return header, rows, check
 
 

@@ -28,6 +28,9 @@ class Field:
     total: bool = False  # a rail that counts toward total energy (a board's input rail, a whole GPU);
     # sub-rails that lie inside another rail (TX2's VDD_SYS_GPU inside VDD_IN) are False
     job: bool = True  # False: a device the job does not run on (another GPU): recorded, never in the job's figures
+    window_mean: bool = False  # a gauge whose each new value is the mean since its previous update (a sensor
+    # that averages over its refresh period, e.g. NVML's instantaneous power): the value seen first at a
+    # change covers the time back to the change before it, not the time after it
     note: str = ""  # how this field enters the job's figures, said in the summary (e.g. "every GPU NVML sees")
 
 
@@ -35,6 +38,9 @@ class Field:
 POWER = "power"  # gauge, W
 ENERGY = "energy"  # counter, J
 GPU_UTIL = "gpu_util"  # gauge, %
+# gauge, W: a reading the source averages over a window longer than a step (NVML's 1 s power average):
+# recorded in samples.csv, never integrated into a step's energy
+POWER_AVG = "power_avg"
 
 
 class Sensor(abc.ABC):

@@ -17,7 +17,7 @@ import numpy as np
 from mtbench.sampling import aggregate
 from mtbench.sampling.procfs import USER_HZ
 from mtbench.sampling.sampler import Samples, StepMark
-from mtbench.sampling.sensor import ENERGY, GPU_UTIL, POWER, Field
+from mtbench.sampling.sensor import ENERGY, GPU_UTIL, POWER, POWER_AVG, Field
 
 # gaps longer than this many sampling intervals (and at least 50 ms) make a gauge's window unknown
 MAX_GAP_INTERVALS = 10
@@ -106,6 +106,7 @@ class Rails:
     def __init__(self, samples: Samples, interval_ms: float) -> None:
         self.samples = samples
         self.power: Dict[str, Field] = {f.key: f for f in samples.group(POWER)}
+        self.averaged: Dict[str, Field] = {f.key: f for f in samples.group(POWER_AVG)}  # never integrated
         self.energy: Dict[str, Field] = {f.key: f for f in samples.group(ENERGY)}
         self.names = list(dict.fromkeys(list(self.power) + list(self.energy)))
         self.fields = {r: (self.energy.get(r) or self.power[r]) for r in self.names}
@@ -117,6 +118,10 @@ class Rails:
         self.counter_period_s: Dict[str, Optional[float]] = {
             r: aggregate.update_period_s(samples.time_s, samples.columns[f.name], changes=True)
             for r, f in self.energy.items()}
+        # how often each power gauge really changes (NVML's instantaneous field: every few ms; jtop: 2 Hz)
+        self.power_period_s: Dict[str, Optional[float]] = {
+            r: aggregate.update_period_s(samples.time_s, samples.columns[f.name], changes=True)
+            for r, f in self.power.items()}
 
     def coarse(self, rail: str) -> bool:
         """The counter changes less often than every COARSE_SAMPLES samples: it is a staircase at our rate."""
@@ -145,6 +150,21 @@ class Rails:
             return _sum([self.integrated_j(rail, a, b) for a, b in spans]), "power_integral"
         return None, "unresolved"
 
+    def why_unresolved(self, rail: str, seconds: float) -> str:
+        """Why a rail with no power gauge gives no energy over a window this long."""
+        period = self.counter_period_s.get(rail)
+        why = (f"{rail}: its energy counter updates every {period * 1000:.0f} ms and resolves only windows of "
+               f"{RESOLVE_PERIODS} updates or more (this one is {seconds * 1000:.1f} ms)" if period else
+               f"{rail}: its energy counter did not change often enough to learn its update period")
+        avg = self.averaged.get(rail)
+        if avg is not None:
+            why += (f"; the only power reading is {avg.name}, an average over a window longer than the step "
+                    f"({avg.note or 'averaged by the source'}), which would smear neighbouring steps together: "
+                    f"no instantaneous power (NVML_FI_DEV_POWER_INSTANT) on this GPU or driver")
+        else:
+            why += "; the source gives no power reading to integrate"
+        return why
+
     def counter_j(self, rail: str, start: float, end: float) -> Optional[float]:
         f = self.energy[rail]
         delta = aggregate.counter_delta(self.samples.time_s, self.samples.columns[f.name], start, end,
@@ -153,7 +173,8 @@ class Rails:
 
     def integrated_j(self, rail: str, start: float, end: float) -> Optional[float]:
         f = self.power[rail]
-        area = aggregate.integral(self.samples.time_s, self.samples.columns[f.name], start, end, self.gap[rail])
+        integrate = aggregate.window_mean_integral if f.window_mean else aggregate.integral
+        area = integrate(self.samples.time_s, self.samples.columns[f.name], start, end, self.gap[rail])
         return None if area is None else area * f.scale
 
     def total_note(self) -> str:
@@ -259,12 +280,16 @@ def summarize(samples: Samples, marks: Sequence[StepMark], interval_ms: float) -
                                        for r in rails.energy if r in rails.power},
                 "source_by_rail": source,
                 "counter_update_period_s": {r: rails.counter_period_s[r] for r in rails.energy},
+                "power_update_period_s": dict(rails.power_period_s),
             }
             if total is None:
                 missing = [r for r in rails.total if by_rail[r] is None]
-                unavailable["energy_j.total"] = (
-                    f"{', '.join(missing)}: " + why_null(samples, [rails.fields[r] for r in missing], spans)
-                    if missing else rails.total_note())
+                unavailable["energy_j.total"] = "; ".join(
+                    rails.why_unresolved(r, busy_s) if source[r] == "unresolved" else
+                    f"{r}: " + why_null(samples, [rails.fields[r]], spans) for r in missing) or rails.total_note()
+        elif any(r not in rails.power for r in rails.names):
+            unavailable["energy_j"] = "; ".join(rails.why_unresolved(r, busy_s)
+                                                for r in rails.names if r not in rails.power)
     gpu = out["gpu_util_pct"]
     if gpu is not None and gpu["mean"] is None:
         others = [f for f in samples.group(GPU_UTIL) if not f.job]
@@ -273,7 +298,7 @@ def summarize(samples: Samples, marks: Sequence[StepMark], interval_ms: float) -
             if len(others) == len(samples.group(GPU_UTIL))
             else why_null(samples, [f for f in samples.group(GPU_UTIL) if f.job], spans))
     for key, groups in FIGURE_GROUPS.items():
-        if out[key] is None:
+        if out[key] is None and key not in unavailable:
             fields = [f for f in samples.fields if f.group in groups]
             unavailable[key] = why_null(samples, fields, spans)
     out["unavailable"] = unavailable
@@ -284,7 +309,8 @@ def step_rows(marks: Sequence[StepMark], samples: Samples, interval_ms: float) -
     """steps.csv: one row per step with its duration, CPU / GPU figures and energy per rail."""
     rails = Rails(samples, interval_ms)
     header = ["index", "start_s", "end_s", "duration_s", "warmup", "cpu_util_pct", "process_cpu_pct",
-              "gpu_util_pct"] + [f"energy_j_{r}" for r in rails.names] + (["energy_j_total"] if rails.names else [])
+              "gpu_util_pct"] + [f"energy_j_{r}" for r in rails.names] + \
+        (["energy_j_total", "energy_j_null_reason"] if rails.names else [])
     rows = []
     for m in marks:
         span = [(m.start_s, m.end_s)]
@@ -295,9 +321,21 @@ def step_rows(marks: Sequence[StepMark], samples: Samples, interval_ms: float) -
                _round(cpu and cpu["mean"]), _round(process_cpu_pct(samples, span)),
                _round(gpu and gpu["mean"])] + [_round(e, 6) for e in energies]
         if rails.names:
-            row.append(_round(_sum([e for r, e in zip(rails.names, energies) if r in rails.total]), 6))
+            total = _sum([e for r, e in zip(rails.names, energies) if r in rails.total])
+            row += [_round(total, 6), "" if total is not None else _step_null_reason(rails, energies, m)]
         rows.append(row)
     return header, rows
+
+
+def _step_null_reason(rails: Rails, energies: Sequence[Optional[float]], mark: StepMark) -> str:
+    """Why a step has no total energy, in one cell of steps.csv."""
+    if not rails.total:
+        return rails.total_note()
+    seconds = mark.end_s - mark.start_s
+    reasons = [rails.why_unresolved(r, seconds) if r not in rails.power else
+               f"{r}: its samples do not cover the step or leave a gap in it"
+               for r, e in zip(rails.names, energies) if r in rails.total and e is None]
+    return "; ".join(reasons)
 
 
 def _round(v: Optional[float], digits: int = 2) -> Optional[float]:
