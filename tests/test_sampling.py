@@ -64,6 +64,17 @@ def test_sampler_keeps_its_interval_and_timestamps():
     assert stats["samples"] == len(samples) and stats["cpu_time_s"] > 0
 
 
+def test_stopping_never_waits_out_the_period():
+    """Issue 19 item 7: at interval_ms=1000 stop() returns at once (it used to sleep out the second)."""
+    sampler = Sampler([ProcfsSensor()], interval_ms=1000).start()
+    while sampler.stats()["samples"] == 0:
+        time.sleep(0.001)
+    t0 = time.monotonic()
+    samples = sampler.stop()
+    assert time.monotonic() - t0 < 0.2
+    assert len(samples) == 2  # the first sample and the closing one
+
+
 def test_proc_stat_parsing():
     text = b"cpu  10 0 10 80 0 0 0 0 0 0\ncpu0 1 2 3 4 5 6 7 8 9 10\ncpu1 0 0 0 100 0 0 0 0\nintr 5\n"
     assert parse_proc_stat(text) == [(0, 1 + 2 + 3 + 6 + 7 + 8, 36), (1, 0, 100)]

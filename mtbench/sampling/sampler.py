@@ -61,7 +61,7 @@ class Sampler:
         self._times: List[float] = []
         self._raws: List[List[Any]] = []  # per sample, each sensor's read_raw() (None: it failed)
         self._rows: List[List[Optional[float]]] = []  # the raws decoded so far, in order
-        self._stop = False
+        self._stop = threading.Event()  # set by stop(): wakes the loop at once, whatever its period
         self._thread: Optional[threading.Thread] = None
         self._fields = [f for s in self.sensors for f in s.fields()]
 
@@ -72,7 +72,7 @@ class Sampler:
 
     def stop(self) -> Samples:
         if self._thread is not None:
-            self._stop = True
+            self._stop.set()
             self._thread.join()
             self._thread = None
         return self.samples()
@@ -117,7 +117,7 @@ class Sampler:
         period = self.interval_ms / 1000.0
         next_t = self.clock()
         cpu0 = time.thread_time()
-        while not self._stop:
+        while not self._stop.is_set():
             self._sample()
             next_t += period
             now = self.clock()
@@ -125,7 +125,7 @@ class Sampler:
                 missed = int((now - next_t) / period) + 1
                 self.dropped += missed
                 next_t += missed * period
-            time.sleep(max(0.0, next_t - self.clock()))
+            self._stop.wait(max(0.0, next_t - self.clock()))  # a sleep that stop() cuts short
         self._sample()  # a last sample so that the final step window is closed on both sides
         self.cpu_time_s = time.thread_time() - cpu0
 
