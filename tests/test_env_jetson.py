@@ -1,6 +1,7 @@
 """env records the Jetson board, L4T release, power mode, clocks and core types from fake trees; null elsewhere."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import List, Optional
 
@@ -100,3 +101,27 @@ def test_not_a_jetson_is_null(tmp_path):
     (tmp_path / "proc/cpuinfo").write_text("processor\t: 0\nmodel name\t: Intel(R) Xeon(R)\n")
     assert env.jetson(str(tmp_path)) is None
     assert env.describe(torch.device("cpu"), root=str(tmp_path))["jetson"] is None
+
+
+def _never_blocks(fn, fifo: Path):
+    """fn() in a thread: it must return within 2 s; a reader stuck in open() is freed before failing."""
+    import threading
+    out = {}
+    thread = threading.Thread(target=lambda: out.setdefault("value", fn()), daemon=True)
+    thread.start()
+    thread.join(2.0)
+    if thread.is_alive():
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))  # a writer frees the blocked open
+        thread.join(2.0)
+        raise AssertionError(f"blocked on the FIFO {fifo}")
+    return out.get("value")
+
+
+def test_a_fifo_at_nv_tegra_release_does_not_block(tmp_path):
+    """Issue 19 item 6: nothing under the sysfs root is opened unless it is a regular file."""
+    make_jetson(tmp_path, "NVIDIA Jetson TX2", TX2_RELEASE, [A57] * 4, "17000000.gp10b", 2035200)
+    release = tmp_path / "etc/nv_tegra_release"
+    release.unlink()
+    os.mkfifo(release)
+    info = _never_blocks(lambda: env.jetson(str(tmp_path)), release)
+    assert info["board"] == "NVIDIA Jetson TX2" and info["l4t"] is None

@@ -1,8 +1,50 @@
-"""Reading small numeric sysfs / procfs attribute files cheaply and safely from the sampler thread."""
+"""Reading small numeric sysfs / procfs attribute files cheaply and safely from the sampler thread.
+
+Nothing under a configurable root is opened unless it is a regular file (sysfs attributes are): a FIFO or a
+device planted at a rail file or at etc/nv_tegra_release would block the open, or the read, before step 0.
+So every open is O_NONBLOCK|O_NOFOLLOW, fstat must say S_ISREG, and reads stop at a size limit.
+"""
 from __future__ import annotations
 
+import errno
 import os
+import stat
 from typing import Optional
+
+MAX_TEXT_BYTES = 1 << 16  # an attribute or a release file is a few bytes; nvpmodel.conf a few kB
+
+
+def open_regular(path: str) -> int:
+    """A read-only descriptor of `path` if it is a regular file that is not a symbolic link; OSError else."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file (refused: it could block the job)", path)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def read_small(path: str, limit: int = MAX_TEXT_BYTES) -> Optional[bytes]:
+    """The first `limit` bytes of a regular file; None when it is missing, unreadable or not a regular file."""
+    try:
+        fd = open_regular(path)
+    except OSError:
+        return None
+    try:
+        chunks, size = [], 0
+        while size < limit:
+            chunk = os.read(fd, limit - size)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        return b"".join(chunks)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
 
 
 class AttrFile:
@@ -16,13 +58,13 @@ class AttrFile:
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self.fd: Optional[int] = os.open(path, os.O_RDONLY)
+        self.fd: Optional[int] = open_regular(path)
         self._reads = 0
 
     def _reopen(self) -> bool:
         self.close()
         try:
-            self.fd = os.open(self.path, os.O_RDONLY)
+            self.fd = open_regular(self.path)
             return True
         except OSError:
             return False
@@ -53,11 +95,8 @@ class AttrFile:
 
 
 def read_text(path: str) -> Optional[str]:
-    try:
-        with open(path) as f:
-            return f.read().strip()
-    except OSError:
-        return None
+    raw = read_small(path)
+    return None if raw is None else raw.decode("utf-8", "replace").replace("\x00", "").strip()
 
 
 def parse_int(raw: Optional[bytes]) -> Optional[int]:
