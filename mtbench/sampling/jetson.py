@@ -8,7 +8,9 @@ the host's sysfs elsewhere):
   `inK_label`, `inK_input` (bus voltage, mV) and `currK_input` (mA); power = V x I. The channel labelled
   as the sum of shunt voltages (in7 on Orin) and channels labelled "NC" (not connected) are skipped.
 GPU load: `sys/devices/gpu.0/load` (per mille, older L4T) or the `load` file of the GPU's devfreq device
-(`sys/class/devfreq/<gpu>/device/load`, Orin).
+(`sys/class/devfreq/<node>/device/load`, Orin: the node whose `device/of_node/name` is "gpu").
+Only regular files are opened (sysfs.open_regular): a FIFO planted at a rail file makes the sensor
+unavailable with that reason instead of blocking the job.
 """
 from __future__ import annotations
 
@@ -62,9 +64,14 @@ def find_gpu_load(root: str) -> Optional[str]:
     legacy = os.path.join(root, "sys/devices/gpu.0/load")
     if os.path.exists(legacy):
         return legacy
-    for dev in sorted(glob.glob(os.path.join(root, "sys/class/devfreq/*"))):
+    nodes = sorted(glob.glob(os.path.join(root, "sys/class/devfreq/*")))
+    # the GPU's node says so in its device-tree node's name (as jetson-stats finds it); older trees only in
+    # the node's own name
+    by_of_node = [d for d in nodes if read_text(os.path.join(d, "device/of_node/name")) == "gpu"]
+    by_name = [d for d in nodes if any(n in os.path.basename(d).lower() for n in GPU_DEVFREQ_NAMES)]
+    for dev in by_of_node + by_name:
         load = os.path.join(dev, "device/load")
-        if any(n in os.path.basename(dev).lower() for n in GPU_DEVFREQ_NAMES) and os.path.exists(load):
+        if os.path.exists(load):
             return load
     return None
 
