@@ -22,7 +22,8 @@ class JtopException(Exception):
 
 
 def make_jtop_module(rails_mw: Optional[Dict[str, float]] = None, gpu_pct: float = 40.0,
-                     service_running: bool = True) -> types.ModuleType:
+                     service_running: bool = True, version: int = 4) -> types.ModuleType:
+    """version=3: jetson-stats 3.x's `power`, a tuple (total, {rail: {"cur", "avg"}}) in mW, no `power` key."""
     rails_mw = dict(rails_mw if rails_mw is not None else {"VDD_IN": 7000.0, "VDD_CPU_GPU_CV": 2500.0,
                                                              "VDD_SOC": 1200.0})
 
@@ -49,6 +50,8 @@ def make_jtop_module(rails_mw: Optional[Dict[str, float]] = None, gpu_pct: float
         def _decode(self) -> None:
             rail = {name: {"online": True, "volt": 5000, "curr": int(mw / 5), "power": int(mw), "avg": int(mw),
                            "warn": 0, "crit": 0} for name, mw in rails_mw.items()}
+            if version == 3:
+                rail = {name: {"cur": int(mw), "avg": int(mw)} for name, mw in rails_mw.items()}
             self._stats = {"power": {"rail": rail, "tot": {"power": int(sum(rails_mw.values()))}},
                            "gpu": gpu_pct}
             self.refreshes += 1
@@ -81,7 +84,10 @@ def make_jtop_module(rails_mw: Optional[Dict[str, float]] = None, gpu_pct: float
             return self._running
 
         @property
-        def power(self) -> dict:
+        def power(self):
+            if version == 3:
+                tot = self._stats["power"]["tot"]["power"]
+                return {"cur": tot, "avg": tot}, self._stats["power"]["rail"]
             return self._stats["power"]
 
         @property

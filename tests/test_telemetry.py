@@ -315,9 +315,11 @@ def test_jtop_without_service(monkeypatch):
         open_sensors(["jtop"], {})
 
 
-def test_jtop_never_blocks_the_sampler(monkeypatch):
-    """Issue 8 item 3: jtop's ok() blocks until its next refresh (2 Hz); procfs must keep its 5 ms."""
-    module = make_jtop_module()
+@pytest.mark.parametrize("version", [4, 3])
+def test_jtop_never_blocks_the_sampler(monkeypatch, version):
+    """Issue 8 item 3: jtop's ok() blocks until its next refresh (2 Hz); procfs must keep its 5 ms.
+    Issue 27 item 11: jetson-stats 3.x rails carry `cur`/`avg`, not `power`."""
+    module = make_jtop_module(version=version)
     monkeypatch.setitem(sys.modules, "jtop", module)
     sensors, _ = open_sensors(["procfs", "jtop"], {"jtop": {"interval_s": 0.5}})
     sampler = Sampler(sensors, interval_ms=5).start()

@@ -25,6 +25,13 @@ def _rails(client: Any) -> dict:
     return (power or {}).get("rail", {}) or {}
 
 
+def _rail_mw(rail: dict) -> Any:
+    """A rail's power now, mW: jetson-stats 4.x names it `power`, 3.x `cur` (both beside the smoothed `avg`,
+    which is never used: jtop's avg is (power + old avg) // 2)."""
+    value = rail.get("power")
+    return rail.get("cur") if value is None else value
+
+
 class JtopSensor(Sensor):
     name = "jtop"
 
@@ -57,7 +64,7 @@ class JtopSensor(Sensor):
             rails = _rails(client)
             out: List[Optional[float]] = []
             for r in self.rails:
-                value = (rails.get(r) or {}).get("power")
+                value = _rail_mw(rails.get(r) or {})
                 out.append(None if value is None else float(value))
             gpu = (client.stats or {}).get("GPU")
             out.append(None if gpu is None or isinstance(gpu, str) else float(gpu))
