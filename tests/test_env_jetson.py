@@ -125,3 +125,19 @@ def test_a_fifo_at_nv_tegra_release_does_not_block(tmp_path):
     os.mkfifo(release)
     info = _never_blocks(lambda: env.jetson(str(tmp_path)), release)
     assert info["board"] == "NVIDIA Jetson TX2" and info["l4t"] is None
+
+
+def test_tx2_cpu_util_grouped_by_core_type(tmp_path):
+    """Issue 27 item 15: the paper reports Denver2 and Cortex-A57 apart; the sampler's figures group by type."""
+    from mtbench.sampling.sampler import Samples
+    from mtbench.sampling.sensor import COUNTER, Field
+    from mtbench.sampling.windows import cpu_util_by_core_type
+    make_jetson(tmp_path, "NVIDIA Jetson TX2", TX2_RELEASE, [A57, DENVER2, DENVER2, A57, A57, A57],
+                "17000000.gp10b", 2035200)
+    cores = env.jetson(str(tmp_path))["cpu_cores"]
+    fields = [Field(f"cpu{c}_{kind}_ticks", COUNTER, f"cpu_{kind}", str(c)) for c in range(6)
+              for kind in ("busy", "total")]
+    busy_per_s = [60, 10, 20, 60, 60, 60]  # ticks a second of 100: the A57s 60 % busy, the Denvers 10 and 20 %
+    rows = [[v for c in range(6) for v in (busy_per_s[c] * t, 100 * t)] for t in (0.0, 1.0, 2.0)]
+    got = cpu_util_by_core_type(Samples(fields, [0.0, 1.0, 2.0], rows), [(0.0, 2.0)], cores)
+    assert got == {"cortex-a57": {"mean": 60.0, "cpus": [0, 3, 4, 5]}, "denver2": {"mean": 15.0, "cpus": [1, 2]}}

@@ -70,6 +70,33 @@ def cpu_utilization(samples: Samples, spans: Sequence[Window]) -> Optional[Dict[
     return None if mean is None and not any(c is not None for c in per_core) else {"mean": mean, "per_core": per_core}
 
 
+def cpu_util_by_core_type(samples: Samples, spans: Sequence[Window],
+                          cores: Sequence[Dict[str, Any]]) -> Optional[Dict[str, Dict[str, Any]]]:
+    """Busy % per core type (a TX2's 2 Denver2 and 4 Cortex-A57 cores, which the paper reports apart) from
+    tick deltas summed over the type's cores; `cores` is env's `jetson.cpu_cores` ([{cpu, type}, ...]).
+    For summary.json's `cpu_util_pct.by_core_type`: {type: {mean, cpus}}; None without types or samples."""
+    types = {str(c["cpu"]): c.get("type") for c in cores if c.get("type")}
+    totals = {f.key: f for f in samples.group("cpu_total")}
+    sums: Dict[str, List[float]] = {}
+    cpus: Dict[str, List[int]] = {}
+    for f in samples.group("cpu_busy"):
+        kind = types.get(f.key)
+        if kind is None or f.key not in totals:
+            continue
+        busy, total = _counter_sum(samples, f.name, spans), _counter_sum(samples, totals[f.key].name, spans)
+        cpus.setdefault(kind, []).append(int(f.key))
+        acc = sums.setdefault(kind, [0.0, 0.0])
+        if busy is None or total is None or acc[1] < 0:
+            acc[1] = -1.0  # one core without figures: the type's mean is unknown
+            continue
+        acc[0] += busy
+        acc[1] += total
+    if not cpus:
+        return None
+    return {kind: {"mean": min(100.0, 100.0 * b / t) if t > 0 else None, "cpus": cpus[kind]}
+            for kind, (b, t) in sums.items()}
+
+
 def process_cpu_pct(samples: Samples, spans: Sequence[Window]) -> Optional[float]:
     """CPU time of the measured process (tree) over the windows, in % of one core (can exceed 100)."""
     fields = samples.group("proc_cpu")
