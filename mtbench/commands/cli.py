@@ -112,9 +112,11 @@ def main(argv: Optional[List[str]] = None) -> None:
     sys.argv = [sys.argv[0]] + args
     try:
         hydra_app()
-    except KeyboardInterrupt:  # the job's summary already says "interrupted"
-        print("mtbench: interrupted", file=sys.stderr)
-        sys.exit(130)
+    except KeyboardInterrupt as exc:  # the job's summary already says "interrupted" (or "terminated")
+        from mtbench.job.signals import exit_code, stop_signal
+
+        print(f"mtbench: {'interrupted' if stop_signal(exc) == 2 else 'terminated by ' + str(exc)}", file=sys.stderr)
+        sys.exit(exit_code(exc))  # 130 for Ctrl-C, 143 for SIGTERM, 129 for SIGHUP, as a shell reports them
 
 
 if __name__ == "__main__":

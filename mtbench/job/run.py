@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import signal
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
@@ -23,6 +21,7 @@ from mtbench.device import budget, env, peak as memory
 from mtbench.device.oom import is_oom
 from mtbench.device.select import resolve_device, sync
 from mtbench.errors import UsageError, describe_error
+from mtbench.job import signals
 from mtbench.job.lock import DeviceLock
 from mtbench.planning.planner import Planner
 from mtbench.results import files as results
@@ -230,7 +229,8 @@ def run_job(cfg: DictConfig, out_dir: Path, notify: Optional[Callable[[str, Any]
 
     An out-of-memory error or any other error inside the job is recorded as its failure (kind "oom" or
     "error") and returned, so a sweep goes on; a bad value the user gave raises UsageError before any
-    result is written; Ctrl-C is recorded as "interrupted" and re-raised. `run_isolated` runs this in a
+    result is written; Ctrl-C is recorded as "interrupted" (SIGTERM and SIGHUP
+    as "terminated": signals.Terminated) and re-raised. `run_isolated` runs this in a
     child process; call this directly only where a job that kills its process may take the caller along.
     """
     job = Job(cfg, out_dir, notify)  # validates batch, steps, ... (UsageError)
@@ -261,42 +261,23 @@ def _run_locked(job: Job) -> Dict[str, Any]:
     except UsageError:  # e.g. a data file that is missing: the user's to fix, not a result
         user_error = True
         raise
-    except KeyboardInterrupt:
-        job.failure = {"kind": "interrupted", "message": "interrupted by the user (Ctrl-C)"}
+    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM / SIGHUP (signals.Terminated): the steps so far are kept
+        job.failure = signals.failure_of(exc)
         raise
     except BaseException as exc:  # noqa: B902 - every failure of the job is a result, not a crash
         kind = "oom" if is_oom(exc) else "error"
         job.failure = {"kind": kind, "message": describe_error(exc)}
         log.debug("job failed", exc_info=True)
     finally:
-        # a second Ctrl-C (or the one a parent forwards) waits until the results are written and memory freed
-        with sigint_deferred():
+        # a second Ctrl-C or SIGTERM (or the one a parent forwards) waits until the results are written and
+        # memory freed
+        with signals.stop_signals_deferred():
             samples = _stop_sampler(job)
             if not user_error:
                 _write_or_say(job, samples)
                 job.notify("summary", job.last_summary)  # before cleanup: a crash there must not lose it
             _release(job)
     return job.last_summary
-
-
-@contextlib.contextmanager
-def sigint_deferred():
-    """Hold SIGINT back while the block runs, then give a held one to the handler that was there before
-    (which raises KeyboardInterrupt; a job process's handler also ignores any later one)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    pending: List[int] = []
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: pending.append(signum))
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-    if pending:
-        if callable(previous):
-            previous(signal.SIGINT, None)
-        elif previous == signal.SIG_DFL:
-            raise KeyboardInterrupt
 
 
 def _stop_sampler(job: Job):
