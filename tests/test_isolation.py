@@ -46,11 +46,11 @@ def test_the_job_runs_in_a_child_and_its_peak_memory_is_its_own(tmp_path):
     assert s["env"]["versions"]["torch"] and s["mem_peak_source"] == "process_rss"
 
 
-def test_real_cpu_out_of_memory_is_oom():
+def test_real_cpu_out_of_memory_is_oom(tmp_path):
     proc = mtbench_cli("model=squeezenet", "batch=1000000000", "device=cpu", "warmup=0", "steps=1",
-                       "hydra.run.dir=" + str(REPO / ".pytest_cache" / "oom-job"))
+                       "hydra.run.dir=" + str(tmp_path / "oom-job"))
     assert proc.returncode == 1, proc.stderr
-    s = json.loads((REPO / ".pytest_cache" / "oom-job" / "summary.json").read_text())
+    s = json.loads((tmp_path / "oom-job" / "summary.json").read_text())
     assert s["failure"]["kind"] == "oom", s["failure"]
     assert "can't allocate memory" in s["failure"]["message"]
 
