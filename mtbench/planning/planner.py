@@ -10,6 +10,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import torch
 
 from mtbench.errors import UsageError
+from mtbench.regular_files import KIB, read_regular
 from mtbench.planning import choose as plan_select
 from mtbench.workload.plans import NONE, MemoryPlan, PlanSettings, settings_from_cfg
 
@@ -21,9 +22,11 @@ ALLOC_CONF = "PYTORCH_CUDA_ALLOC_CONF"
 
 def read_budget_file(path: Path) -> Optional[int]:
     """The budget in a watched file: one number, in GiB (e.g. `1.5`), optionally followed by `GiB`; or a whole
-    number followed by `bytes`. None when the file is missing or empty; ValueError when it holds anything else."""
+    number followed by `bytes`. None when the file is missing or empty; ValueError when it holds anything else
+    (also a value too large to be a number of bytes: `1e400`, `inf`); RefusedFile (an OSError) when it is not a
+    regular file (a FIFO would block the job) or larger than 4 KiB."""
     try:
-        text = path.read_text().strip()
+        text = read_regular(str(path), 4 * KIB).decode("utf-8", errors="replace").strip()
     except FileNotFoundError:
         return None
     if not text:
@@ -36,7 +39,7 @@ def read_budget_file(path: Path) -> Optional[int]:
             value = int(float(words[0]) * 2**30)
         else:
             raise ValueError(text)
-    except ValueError:
+    except (ValueError, OverflowError):  # int(float("1e400") * 2**30): an infinite budget is no budget
         raise ValueError(f"{path}: {text[:60]!r} is not a budget; allowed: a number of GiB (1.5), '1.5 GiB' or "
                          "'1610612736 bytes'") from None
     if value <= 0:
