@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import sys
-import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
 
@@ -17,9 +16,10 @@ from omegaconf import DictConfig, OmegaConf
 
 from mtbench.config import JobSpec, instantiate, positive_float
 from mtbench.data.base import DataSource
-from mtbench.device import budget, env, peak as memory
+from mtbench.device import env, peak as memory
 from mtbench.device.oom import is_oom
-from mtbench.device.select import resolve_device, sync
+from mtbench.device.select import resolve_device
+from mtbench.device.timing import timed_step
 from mtbench.errors import UsageError, describe_error
 from mtbench.job import signals
 from mtbench.job.lock import DeviceLock
@@ -69,15 +69,20 @@ class Job:
             raise UsageError(f"cudnn_benchmark={self.cudnn_benchmark!r} is not known; allowed: true, false")
         self.profiler = None  # a profiling.Profiler once the profiled steps ran
         self.reference: List[float] = []  # unprofiled step times, for the profiler's overhead
-        # the board whose memory budget the job must fit (target=none: no budget)
-        self.target = budget.target_from_cfg(cfg)
-        self.budget: Dict[str, Any] = {"budget_bytes": self.target.memory_budget_bytes, "budget_enforced_by": None}
-        self.target = self.planner.held_target(self.target)  # memory.budget_gb replaces the target's budget
-        self.budget["budget_bytes"] = self.target.memory_budget_bytes
         self.runtime_bytes: Optional[int] = None  # resident memory before the model was built (CPU)
         self.breakdown: Optional[Dict[str, Any]] = None
         self.extra: Optional[Dict[str, Any]] = None  # the workload's extra_metrics over the measured steps
         self.breakdown_reason: Optional[str] = "the job ended before its measured steps"
+
+    @property
+    def target(self) -> Any:
+        """The board whose memory budget the job must fit (target=none: no budget): the planner's."""
+        return self.planner.target
+
+    @property
+    def budget(self) -> Dict[str, Any]:
+        """How the budget is held, for summary.json (the planner owns the budget; this reads it)."""
+        return self.planner.held
 
     def open_sampler(self) -> None:
         """Open the sensors and the sampler, before the model is built (in `process` mode this starts the
@@ -112,14 +117,7 @@ class Job:
         self.planner.before_build(self.device)
         # before anything of the model exists: what the runtime holds (CPU), and the allocator's cap (CUDA)
         self.runtime_bytes = memory.current_rss_bytes() if self.device.type == "cpu" else None
-        cpu_malloc = self.planner.settings.cpu_malloc
-        self.budget = budget.apply_budget(self.target, self.device, cpu_malloc)
-        if self.budget["budget_bytes"] is None and self.device.type == "cpu":
-            # no peak check: memory.cpu_malloc as asked (auto: live where memory.budget_file alone steers the plan,
-            # so that its probes measure as a budgeted job's; else glibc's own settings)
-            chosen = memory.set_cpu_malloc(cpu_malloc, budgeted=self.planner.budget_bytes is not None)
-            if chosen is not None:
-                self.budget["cpu_malloc"] = chosen
+        self.planner.hold_budget()  # caps the CUDA allocator, or sets how the CPU peak is held and checked
         data: DataSource = instantiate(self.cfg.data, "data")
         self.data_label = data.label
         self.notify("data", self.data_label)
@@ -159,17 +157,12 @@ class Job:
         self.extra = self.workload.extra_metrics(len(self.durations))
         # where the peak went: one more step under torch's MemTracker, after the measured steps and their peak
         self.breakdown, self.breakdown_reason = breakdown_bytes(self.workload, self.device)
-        self.failure = budget.budget_failure(self.target, self.mem, self.budget["budget_enforced_by"],
-                                             self.runtime_bytes)
+        self.failure = self.planner.budget_failure(self.mem)
 
     def _timed_step(self, index: int, warmup: bool) -> float:
         assert self.workload is not None and self.sampler is not None
         self.planner.before_step(index)  # a new budget in memory.budget_file: re-plan before this step, untimed
-        sync(self.device)
-        start = time.monotonic()
-        self.workload.step()
-        sync(self.device)
-        end = time.monotonic()
+        start, end = timed_step(self.device, self.workload.step)
         self.sampler.mark_step(index, start, end, warmup)
         return end - start
 
@@ -320,7 +313,7 @@ def _release(job: Job) -> None:
     job.workload = None
     try:
         memory.release_memory(job.device)
-        budget.release_budget(job.device)
+        job.planner.release_budget()
     except Exception:
         log.warning("releasing memory after the job failed", exc_info=True)
 

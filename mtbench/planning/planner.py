@@ -9,6 +9,9 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
+from mtbench.device.budget import apply_budget, budget_failure, release_budget, target_from_cfg
+from mtbench.device import peak
+from mtbench.device.targets import Target
 from mtbench.errors import UsageError
 from mtbench.regular_files import KIB, read_regular
 from mtbench.planning import choose as plan_select
@@ -98,11 +101,34 @@ class Planner:
         self.device: Optional[torch.device] = None
         self.is_oom: Callable[[BaseException], bool] = lambda exc: False
 
-    def held_target(self, target: Any) -> Any:
-        """The job's target with memory.budget_gb as its budget (the job is held to it as to a board's)."""
-        if self.settings.budget_bytes is None:
-            return target
-        return dataclasses.replace(target, memory_budget_bytes=self.settings.budget_bytes)
+        # the board whose memory budget the job must fit (target=none: no budget); memory.budget_gb replaces the
+        # target's budget, and the job is held to it as to a board's
+        self.target: Target = target_from_cfg(cfg)
+        if self.settings.budget_bytes is not None:
+            self.target = dataclasses.replace(self.target, memory_budget_bytes=self.settings.budget_bytes)
+        # how the budget is held (summary.json): set by hold_budget before the model is built
+        self.held: Dict[str, Any] = {"budget_bytes": self.target.memory_budget_bytes, "budget_enforced_by": None}
+
+    def hold_budget(self) -> None:
+        """Before the model is built, after the runtime's memory was read: cap the CUDA allocator at the budget, or
+        on CPU set glibc's malloc for the peak check (memory.cpu_malloc)."""
+        assert self.device is not None, "before_build first"
+        cpu_malloc = self.settings.cpu_malloc
+        self.held = apply_budget(self.target, self.device, cpu_malloc)
+        if self.held["budget_bytes"] is None and self.device.type == "cpu":
+            # no peak check: memory.cpu_malloc as asked (auto: live where memory.budget_file alone steers the plan,
+            # so that its probes measure as a budgeted job's; else glibc's own settings)
+            chosen = peak.set_cpu_malloc(cpu_malloc, budgeted=self.budget_bytes is not None)
+            if chosen is not None:
+                self.held["cpu_malloc"] = chosen
+
+    def budget_failure(self, mem: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+        """After the measured steps (CPU peak check): failure {"kind": "budget", ...} when over the budget."""
+        return budget_failure(self.target, mem, self.held["budget_enforced_by"], self.runtime_bytes)
+
+    def release_budget(self) -> None:
+        if self.device is not None:
+            release_budget(self.device)
 
     # -- before the model exists ------------------------------------------------------------------------------
     def _set_allocator_conf(self) -> Dict[str, Any]:
@@ -216,9 +242,6 @@ class Planner:
         before = self.plan
         self.budget_bytes, self.budget_source = budget, f"budget_file {self.watch.path if self.watch else ''}"
         if self.device is not None and self.device.type == "cuda" and budget is not None:
-            from mtbench.device.budget import apply_budget
-            from mtbench.device.targets import Target
-
             torch.cuda.empty_cache()  # segments cached under the old budget go back before the cap changes
             apply_budget(dataclasses.replace(Target.none(), name="budget_file", memory_budget_bytes=budget),
                          self.device)
