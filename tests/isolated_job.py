@@ -1,6 +1,7 @@
 """`python tests/isolated_job.py OUT_DIR OVERRIDE...`: one job through job.isolation.run_isolated in a fresh process
 (forking from pytest's process, where other tests ran torch ops, would not be the parent mtbench is), with the
-test workloads allowed. Prints the summary as JSON on the last line; exit 130 on KeyboardInterrupt."""
+test workloads allowed. Prints the summary as JSON on the last line; exit 130 on Ctrl-C (128 + the signal
+for SIGTERM and SIGHUP)."""
 from __future__ import annotations
 
 import json
@@ -19,6 +20,8 @@ if __name__ == "__main__":
 
     try:
         summary = run_isolated(compose_cfg(sys.argv[2:]), Path(sys.argv[1]))
-    except KeyboardInterrupt:
-        sys.exit(130)
+    except KeyboardInterrupt as exc:  # 130 for Ctrl-C; SIGTERM 143, SIGHUP 129, as the mtbench command exits
+        from mtbench.job.signals import exit_code
+
+        sys.exit(exit_code(exc))
     print(json.dumps(summary))

@@ -46,11 +46,11 @@ def test_the_job_runs_in_a_child_and_its_peak_memory_is_its_own(tmp_path):
     assert s["env"]["versions"]["torch"] and s["mem_peak_source"] == "process_rss"
 
 
-def test_real_cpu_out_of_memory_is_oom():
+def test_real_cpu_out_of_memory_is_oom(tmp_path):
     proc = mtbench_cli("model=squeezenet", "batch=1000000000", "device=cpu", "warmup=0", "steps=1",
-                       "hydra.run.dir=" + str(REPO / ".pytest_cache" / "oom-job"))
+                       "hydra.run.dir=" + str(tmp_path / "oom-job"))
     assert proc.returncode == 1, proc.stderr
-    s = json.loads((REPO / ".pytest_cache" / "oom-job" / "summary.json").read_text())
+    s = json.loads((tmp_path / "oom-job" / "summary.json").read_text())
     assert s["failure"]["kind"] == "oom", s["failure"]
     assert "can't allocate memory" in s["failure"]["message"]
 
@@ -138,7 +138,7 @@ def test_a_crash_while_releasing_keeps_the_jobs_results(tmp_path):
 
 
 def test_a_deferred_ctrl_c_goes_to_the_job_handler_once():
-    from mtbench.job.run import sigint_deferred as _sigint_deferred
+    from mtbench.job.signals import stop_signals_deferred as _sigint_deferred
 
     calls = []
 
@@ -258,3 +258,81 @@ def test_the_kernels_oom_killer_is_recorded_as_oom(tmp_path):
         assert "OOM killer" in s["failure"]["message"]
     finally:
         os.rmdir(group)
+
+
+def _wait_for(path, seconds: float = 120) -> None:
+    deadline = time.monotonic() + seconds
+    while not path.exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert path.exists(), f"{path} never appeared"
+
+
+@pytest.mark.parametrize("signame, code", [("SIGTERM", 143), ("SIGHUP", 129)])
+def test_sigterm_to_a_running_job_keeps_its_measured_steps(tmp_path, signame, code):
+    """What SLURM's preemption, Kubernetes, `timeout` and `kill` send, to the job's whole process group (as a
+    scheduler does): the job records "terminated" with its steps and samples, the command exits 128 + signal."""
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    proc = subprocess.Popen([sys.executable, str(REPO / "tests" / "isolated_job.py"), str(tmp_path / "job"),
+                             *FAKE, "model.workload._target_=tests.fake_workloads.BusyLoop", "steps=1000",
+                             "+model.workload.seconds=0.02", f"+model.workload.ready_file={tmp_path / 'ready'}"],
+                            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    _wait_for(tmp_path / "ready")
+    time.sleep(0.5)
+    os.killpg(proc.pid, getattr(signal, signame))
+    _, err = proc.communicate(timeout=60)  # SLURM's default grace time before SIGKILL is 30 s
+    assert proc.returncode == code, err
+    s = json.loads((tmp_path / "job" / "summary.json").read_text())
+    assert s["failure"]["kind"] == "terminated" and s["failure"]["signal"] == signame, s["failure"]
+    assert s["measured_steps"] >= 1 and s["step_time_s"]["median"] > 0
+    assert s["cpu_util_pct"] is not None, s.get("unavailable")  # the sampler's samples were kept
+    rows = (tmp_path / "job" / "steps.csv").read_text().splitlines()
+    assert len(rows) - 1 >= s["measured_steps"]
+    assert len((tmp_path / "job" / "samples.csv").read_text().splitlines()) > 2
+
+
+def test_sigterm_to_the_jobs_own_process_is_a_recorded_result(tmp_path):
+    """`kill <pid of the job's process>`: that job is "terminated" with its steps; the command that ran it goes on
+    (exit 0 here: the job's summary is returned, as for a job that failed)."""
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    proc = subprocess.Popen([sys.executable, str(REPO / "tests" / "isolated_job.py"), str(tmp_path / "job"),
+                             *FAKE, "model.workload._target_=tests.fake_workloads.BusyLoop", "steps=1000",
+                             "+model.workload.seconds=0.02", f"+model.workload.ready_file={tmp_path / 'ready'}"],
+                            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _wait_for(tmp_path / "ready")
+    time.sleep(0.5)
+    (job,) = [c for c in psutil.Process(proc.pid).children() if c.name() != "python" or "sampling" not in
+              " ".join(c.cmdline())]
+    job.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    s = json.loads((tmp_path / "job" / "summary.json").read_text())
+    assert s["failure"]["kind"] == "terminated" and s["measured_steps"] >= 1, s["failure"]
+    assert (tmp_path / "job" / "steps.csv").exists()
+
+
+def test_sigterm_to_a_sweep_keeps_the_running_jobs_summary_and_stops_it(tmp_path):
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    sweep = subprocess.Popen(
+        [sys.executable, "-m", "mtbench", "-m", "model=squeezenet", "batch=1", "device=cpu", "warmup=0",
+         "steps=1,100000,2", f"hydra.sweep.dir={tmp_path}", f"lock_dir={tmp_path}"],
+        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    for line in sweep.stdout:
+        if line.startswith("[job 2 of 3]"):
+            break
+    deadline = time.monotonic() + 120
+    kids = []
+    while not kids and time.monotonic() < deadline:
+        kids = psutil.Process(sweep.pid).children()
+        time.sleep(0.05)
+    time.sleep(3.0)  # job 2 builds squeezenet and runs its steps (tens of ms each)
+    os.killpg(sweep.pid, signal.SIGTERM)
+    _, err = sweep.communicate(timeout=60)
+    assert sweep.returncode == 143, err
+    summaries = {p.parent.name: json.loads(p.read_text()) for p in tmp_path.rglob("summary.json")}
+    assert sorted(summaries) == ["0-squeezenet-b1", "1-squeezenet-b1"], err  # job 3 never started
+    assert summaries["0-squeezenet-b1"]["success"]
+    stopped = summaries["1-squeezenet-b1"]
+    assert stopped["failure"]["kind"] == "terminated" and stopped["measured_steps"] >= 1, stopped["failure"]
+    assert (tmp_path / "1-squeezenet-b1" / "steps.csv").exists()
+    assert "mtbench: terminated by SIGTERM" in err

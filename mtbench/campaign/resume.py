@@ -27,8 +27,8 @@ def finished_summary(out_dir: str, cfg: DictConfig) -> Optional[Dict[str, Any]]:
         return None  # never written (the job was running when the sweep died), or half a file
     if not isinstance(summary.get("config"), dict) or "success" not in summary or summary.get("write_error"):
         return None
-    if (summary.get("failure") or {}).get("kind") == "interrupted":
-        return None  # stopped by the user, not measured: it runs again
+    if (summary.get("failure") or {}).get("kind") in ("interrupted", "terminated"):
+        return None  # stopped by the user or a scheduler, not measured: it runs again
     now = OmegaConf.to_container(cfg, resolve=True)
     same = {k: v for k, v in summary["config"].items() if k not in NOT_MEASURED_KEYS} == \
         {k: v for k, v in now.items() if k not in NOT_MEASURED_KEYS}

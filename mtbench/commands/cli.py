@@ -11,9 +11,10 @@ from typing import List, Optional
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from mtbench.config import GROUPS, OBJECTIVES, check_overrides, check_targets, conf_dir, group_options
+from mtbench.campaign.folders import claim_explicit_dirs, free_dir
 from mtbench.campaign.resume import finished_summary, objective_value
 from mtbench.errors import UsageError
 
@@ -21,6 +22,10 @@ def _fail(message: str, code: int = 2) -> None:
     print(f"mtbench: error: {message}", file=sys.stderr)
     sys.exit(code)
 
+
+# conf/config.yaml's default run and sweep folders: the first free name, made at once (two runs started in the same
+# second never share one). Cached per config, and the cache travels with a sweep's jobs to a launcher's processes.
+OmegaConf.register_new_resolver("mtbench_free_dir", free_dir, use_cache=True, replace=True)
 
 @hydra.main(version_base="1.3", config_path=str(conf_dir()), config_name="config")
 def hydra_app(cfg: DictConfig) -> float:
@@ -107,14 +112,17 @@ def main(argv: Optional[List[str]] = None) -> None:
         return
     try:
         check_overrides(args)
+        claim_explicit_dirs(args)  # an explicit run or sweep folder that another run holds is refused here
     except UsageError as exc:
         _fail(str(exc))
     sys.argv = [sys.argv[0]] + args
     try:
         hydra_app()
-    except KeyboardInterrupt:  # the job's summary already says "interrupted"
-        print("mtbench: interrupted", file=sys.stderr)
-        sys.exit(130)
+    except KeyboardInterrupt as exc:  # the job's summary already says "interrupted" (or "terminated")
+        from mtbench.job.signals import exit_code, stop_signal
+
+        print(f"mtbench: {'interrupted' if stop_signal(exc) == 2 else 'terminated by ' + str(exc)}", file=sys.stderr)
+        sys.exit(exit_code(exc))  # 130 for Ctrl-C, 143 for SIGTERM, 129 for SIGHUP, as a shell reports them
 
 
 if __name__ == "__main__":

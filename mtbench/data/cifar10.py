@@ -16,6 +16,7 @@ import torch
 
 from mtbench.data.base import LocalFiles, check_image_shape, check_image_size
 from mtbench.errors import DataError
+from mtbench.regular_files import RefusedFile, open_regular
 
 TRAIN_FILES = [f"data_batch_{i}" for i in range(1, 6)]
 META_FILE = "batches.meta"
@@ -33,6 +34,8 @@ class _NumpyOnlyUnpickler(pickle.Unpickler):
         ("numpy.core.multiarray", "scalar"),
         ("numpy._core.multiarray", "scalar"),
         ("_codecs", "encode"),  # how protocol-2 pickles written by Python 3 spell a bytes object
+        ("__builtin__", "bytes"),  # ... and an empty one (bytes()): an empty batch's filenames
+        ("builtins", "bytes"),
     }
 
     def find_class(self, module, name):
@@ -42,13 +45,17 @@ class _NumpyOnlyUnpickler(pickle.Unpickler):
 
 
 def _load(path: Path) -> dict:
-    if not path.is_file():
+    try:
+        f = open_regular(str(path))
+    except FileNotFoundError:
         raise DataError(
             f"data.root: missing file {path} (the CIFAR-10 python layout has "
             f"{', '.join(TRAIN_FILES)} and {META_FILE} in cifar-10-batches-py/)"
-        )
+        ) from None
+    except RefusedFile as exc:  # a FIFO would block the job before its first step; a link may be a plant
+        raise DataError(f"data.root: {exc}; allowed: a regular file") from None
     try:
-        with path.open("rb") as f:
+        with f:
             obj = _NumpyOnlyUnpickler(f, encoding="bytes").load()
     except Exception as exc:  # truncated, not a pickle, or a pickle of something else
         raise DataError(f"{path}: not a CIFAR-10 python pickle ({type(exc).__name__}: {exc})") from None
@@ -61,7 +68,11 @@ def load_train(root: str) -> tuple:
     """(images N x 3 x 32 x 32 uint8, labels N int64, class names) from the five training batches."""
     folder = Path(root).expanduser() / "cifar-10-batches-py"
     meta = _load(folder / META_FILE)
-    names = [n.decode() if isinstance(n, bytes) else str(n) for n in meta.get(b"label_names", [])]
+    raw_names = meta.get(b"label_names", [])
+    if not isinstance(raw_names, (list, tuple)) or not all(isinstance(n, (bytes, str)) for n in raw_names):
+        raise DataError(f"{folder / META_FILE}: b'label_names' must be a list of class names (bytes or str), not "
+                        f"{_shown(raw_names)}")
+    names = [n.decode(errors="replace") if isinstance(n, bytes) else n for n in raw_names]
     if not names:
         raise DataError(f"{folder / META_FILE}: has no label_names")
     images, labels = [], []
@@ -70,7 +81,7 @@ def load_train(root: str) -> tuple:
         data, lab = batch.get(b"data"), batch.get(b"labels")
         if not isinstance(data, np.ndarray) or data.ndim != 2 or data.shape[1] != 3072 or lab is None:
             raise DataError(f"{folder / name}: expected b'data' as N x 3072 uint8 and b'labels'")
-        lab = np.asarray(lab, dtype=np.int64)
+        lab = _labels(folder / name, lab)
         if len(lab) != len(data):
             raise DataError(f"{folder / name}: {len(data)} images but {len(lab)} labels")
         if len(lab) and (lab.min() < 0 or lab.max() >= len(names)):
@@ -78,6 +89,25 @@ def load_train(root: str) -> tuple:
         images.append(data.astype(np.uint8).reshape(-1, 3, 32, 32))
         labels.append(lab)
     return np.concatenate(images), np.concatenate(labels), names
+
+
+def _labels(path: Path, raw) -> np.ndarray:
+    """b'labels' as N int64 class ids, or a DataError naming the file and the field."""
+    expected = "b'labels' must be a list of whole numbers (class ids)"
+    if isinstance(raw, (bytes, str, dict)) or not isinstance(raw, (list, tuple, np.ndarray)):
+        raise DataError(f"{path}: {expected}, not {_shown(raw)}")
+    try:
+        labels = np.asarray(raw)
+    except (TypeError, ValueError) as exc:
+        raise DataError(f"{path}: {expected} ({exc})") from None
+    if labels.ndim != 1 or (labels.size and labels.dtype.kind not in "iu"):
+        raise DataError(f"{path}: {expected}, not {labels.ndim}-D {labels.dtype} values")
+    return labels.astype(np.int64)
+
+
+def _shown(value) -> str:
+    text = repr(value)
+    return f"{type(value).__name__} {text[:40]}{'...' if len(text) > 40 else ''}"
 
 
 class CIFAR10(LocalFiles):

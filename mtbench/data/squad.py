@@ -36,6 +36,9 @@ def parse_squad(text: str, where: str) -> Tuple[List[QAExample], int]:
         doc = json.loads(text)
     except json.JSONDecodeError as exc:
         raise DataError(f"{where}: not JSON ({exc.msg} at line {exc.lineno} column {exc.colno})") from None
+    except RecursionError:
+        raise DataError(f"{where}: JSON nested too deep to be SQuAD v1.1 (data -> paragraphs -> qas -> answers)") \
+            from None
     examples, skipped = [], 0
     try:
         for article in doc["data"]:
@@ -49,7 +52,10 @@ def parse_squad(text: str, where: str) -> Tuple[List[QAExample], int]:
                     if answer is None:
                         skipped += 1
                         continue
-                    start = int(answer["answer_start"])
+                    start = answer["answer_start"]
+                    if isinstance(start, bool) or not isinstance(start, int) or start < 0:
+                        raise DataError(f"{where}: answer_start must be a character offset (a whole number >= 0), "
+                                        f"not {str(start)[:30]!r}")
                     span = char_span_to_tokens(ctx_tokens, start, start + len(answer["text"]))
                     if span is None or context[start: start + len(answer["text"])] != answer["text"]:
                         skipped += 1

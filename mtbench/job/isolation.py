@@ -18,7 +18,8 @@ from mtbench.config import JobSpec
 from mtbench.device import env
 from mtbench.device.oom import is_oom_text
 from mtbench.errors import UsageError, describe_error
-from mtbench.job.run import run_job, sigint_deferred
+from mtbench.job import signals
+from mtbench.job.run import run_job
 from mtbench.results import files as results
 
 log = logging.getLogger("mtbench")
@@ -36,13 +37,16 @@ def run_isolated(cfg: DictConfig, out_dir: Path, timing: Optional[Dict[str, floa
     """Run one job in a forked child process and return its summary (the parent writes it if the child died).
 
     Raises UsageError for a bad value the user gave (nothing written) and KeyboardInterrupt, once the child
-    has written its "interrupted" summary, when the user pressed Ctrl-C. `timing`, if given, receives
+    has written its "interrupted" summary, when the user pressed Ctrl-C; signals.Terminated (a KeyboardInterrupt)
+    likewise, after its "terminated" summary, when this process got SIGTERM or SIGHUP. A job whose own process
+    alone got SIGTERM records "terminated" and returns its summary (a sweep goes on). `timing`, if given, receives
     `wall_s` (this call) and `child_s` (the child's own run, from fork to its last message): their difference
     is what isolation costs a job.
     """
     import torchvision  # noqa: F401 - imported once here rather than in every job's process (no torch op runs)
 
     wall_start = time.monotonic()
+    signals.install_terminate_handlers()  # SIGTERM and SIGHUP raise signals.Terminated here, as Ctrl-C does
     out_dir = Path(out_dir)
     context = multiprocessing.get_context("fork")
     receiver, sender = context.Pipe(duplex=False)
@@ -51,12 +55,12 @@ def run_isolated(cfg: DictConfig, out_dir: Path, timing: Optional[Dict[str, floa
     child.start()
     sender.close()
     messages: Dict[str, Any] = {}
-    interrupted = False
+    interrupted: Optional[KeyboardInterrupt] = None  # what stopped this process, if anything
     alive = True
     while True:
         try:
             if receiver.poll(0.1):
-                with sigint_deferred():  # a message is read whole, or the pipe would lose its framing
+                with signals.stop_signals_deferred():  # a message is read whole, or the pipe would lose its framing
                     kind, payload = receiver.recv()
                 messages[kind] = payload
             elif not alive:
@@ -66,12 +70,13 @@ def run_isolated(cfg: DictConfig, out_dir: Path, timing: Optional[Dict[str, floa
         except EOFError:  # the child closed its end: it is about to exit
             child.join()
             break
-        except KeyboardInterrupt:
-            # Ctrl-C on a terminal reaches the child too; a signal sent to this process alone is passed on.
-            # The child records "interrupted", writes its results and exits; this process waits for that.
-            interrupted = True
+        except KeyboardInterrupt as exc:
+            # Ctrl-C on a terminal (SIGTERM from a scheduler to the job's process group) reaches the child too; a
+            # signal sent to this process alone is passed on. The child records "interrupted" ("terminated"),
+            # writes its results and exits; this process waits for that (a SIGKILL after a grace time ends both).
+            interrupted = exc
             if child.is_alive():
-                os.kill(child.pid, signal.SIGINT)
+                os.kill(child.pid, signals.stop_signal(exc))
     child.join()
     receiver.close()
     if timing is not None:
@@ -80,10 +85,14 @@ def run_isolated(cfg: DictConfig, out_dir: Path, timing: Optional[Dict[str, floa
         raise UsageError(messages["usage"])
     summary = messages.get("summary")
     if summary is None:
-        if interrupted:
+        if isinstance(interrupted, signals.Terminated):
+            messages["terminated"] = interrupted.signum
+        elif interrupted is not None:
             messages["interrupted"] = True
         summary = _summary_of_dead_job(cfg, out_dir, child.exitcode, messages, oom_before.since())
-    if interrupted or messages.get("interrupted"):
+    if interrupted is not None:
+        raise interrupted
+    if messages.get("interrupted"):
         raise KeyboardInterrupt
     return summary
 
@@ -102,22 +111,32 @@ def _child_main(cfg: DictConfig, out_dir: Path, sender, parent_pid: int) -> None
     _die_with_parent(parent_pid)
 
     def on_sigint(signum, frame):
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # the first Ctrl-C ends the job; more change nothing
+        _ignore_stop_signals()  # the first Ctrl-C (or SIGTERM) ends the job; more change nothing
         raise KeyboardInterrupt
+
+    def on_terminate(signum, frame):
+        _ignore_stop_signals()
+        raise signals.Terminated(signum)
 
     # a process started with SIGINT ignored (a script's `mtbench ... &` in a shell without job control) keeps
     # ignoring it, as the parent does
     if signal.getsignal(signal.SIGINT) != signal.SIG_IGN:
         signal.signal(signal.SIGINT, on_sigint)
+    for signum in (signal.SIGTERM, signal.SIGHUP):  # nohup's ignored SIGHUP stays ignored
+        if signal.getsignal(signum) != signal.SIG_IGN:
+            signal.signal(signum, on_terminate)
     started = time.monotonic()
     try:
         summary = run_job(cfg, out_dir, notify=lambda kind, payload: sender.send((kind, payload)))
         sender.send(("summary", summary))
     except UsageError as exc:
         sender.send(("usage", str(exc)))
-    except KeyboardInterrupt:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # its summary is on the way; more Ctrl-C change nothing
-        sender.send(("interrupted", True))
+    except KeyboardInterrupt as exc:
+        _ignore_stop_signals()  # its summary is on the way; more Ctrl-C or SIGTERM change nothing
+        if isinstance(exc, signals.Terminated):
+            sender.send(("terminated", exc.signum))
+        else:
+            sender.send(("interrupted", True))
         try:
             sender.send(("summary", results.read_summary(out_dir)))
         except (OSError, ValueError):
@@ -128,6 +147,11 @@ def _child_main(cfg: DictConfig, out_dir: Path, sender, parent_pid: int) -> None
     finally:
         sender.send(("child_seconds", time.monotonic() - started))
         sender.close()
+
+
+def _ignore_stop_signals() -> None:
+    for signum in signals.STOP_SIGNALS:
+        signal.signal(signum, signal.SIG_IGN)
 
 
 def signal_name(number: int) -> str:
@@ -190,7 +214,9 @@ def _summary_of_dead_job(cfg: DictConfig, out_dir: Path, exitcode: Optional[int]
                          oom_kills: Dict[str, Any]) -> Dict[str, Any]:
     """The summary of a job whose process ended without sending one, written by the parent."""
     if "interrupted" in messages:  # Ctrl-C before the job had anything to write
-        failure = {"kind": "interrupted", "message": "interrupted by the user (Ctrl-C)"}
+        failure = signals.failure_of(KeyboardInterrupt())
+    elif "terminated" in messages:  # SIGTERM or SIGHUP before the job had anything to write
+        failure = signals.failure_of(signals.Terminated(messages["terminated"]))
     elif "crashed" in messages:
         failure = {"kind": "oom" if is_oom_text(messages["crashed"]) else "error",
                    "message": messages["crashed"]}

@@ -7,10 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import signal
 import sys
-import threading
-import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
 
@@ -19,10 +16,12 @@ from omegaconf import DictConfig, OmegaConf
 
 from mtbench.config import JobSpec, instantiate, positive_float
 from mtbench.data.base import DataSource
-from mtbench.device import budget, env, peak as memory
+from mtbench.device import env, peak as memory
 from mtbench.device.oom import is_oom
-from mtbench.device.select import resolve_device, sync
+from mtbench.device.select import resolve_device
+from mtbench.device.timing import timed_step
 from mtbench.errors import UsageError, describe_error
+from mtbench.job import signals
 from mtbench.job.lock import DeviceLock
 from mtbench.planning.planner import Planner
 from mtbench.results import files as results
@@ -70,15 +69,20 @@ class Job:
             raise UsageError(f"cudnn_benchmark={self.cudnn_benchmark!r} is not known; allowed: true, false")
         self.profiler = None  # a profiling.Profiler once the profiled steps ran
         self.reference: List[float] = []  # unprofiled step times, for the profiler's overhead
-        # the board whose memory budget the job must fit (target=none: no budget)
-        self.target = budget.target_from_cfg(cfg)
-        self.budget: Dict[str, Any] = {"budget_bytes": self.target.memory_budget_bytes, "budget_enforced_by": None}
-        self.target = self.planner.held_target(self.target)  # memory.budget_gb replaces the target's budget
-        self.budget["budget_bytes"] = self.target.memory_budget_bytes
         self.runtime_bytes: Optional[int] = None  # resident memory before the model was built (CPU)
         self.breakdown: Optional[Dict[str, Any]] = None
         self.extra: Optional[Dict[str, Any]] = None  # the workload's extra_metrics over the measured steps
         self.breakdown_reason: Optional[str] = "the job ended before its measured steps"
+
+    @property
+    def target(self) -> Any:
+        """The board whose memory budget the job must fit (target=none: no budget): the planner's."""
+        return self.planner.target
+
+    @property
+    def budget(self) -> Dict[str, Any]:
+        """How the budget is held, for summary.json (the planner owns the budget; this reads it)."""
+        return self.planner.held
 
     def open_sampler(self) -> None:
         """Open the sensors and the sampler, before the model is built (in `process` mode this starts the
@@ -113,14 +117,7 @@ class Job:
         self.planner.before_build(self.device)
         # before anything of the model exists: what the runtime holds (CPU), and the allocator's cap (CUDA)
         self.runtime_bytes = memory.current_rss_bytes() if self.device.type == "cpu" else None
-        cpu_malloc = self.planner.settings.cpu_malloc
-        self.budget = budget.apply_budget(self.target, self.device, cpu_malloc)
-        if self.budget["budget_bytes"] is None and self.device.type == "cpu":
-            # no peak check: memory.cpu_malloc as asked (auto: live where memory.budget_file alone steers the plan,
-            # so that its probes measure as a budgeted job's; else glibc's own settings)
-            chosen = memory.set_cpu_malloc(cpu_malloc, budgeted=self.planner.budget_bytes is not None)
-            if chosen is not None:
-                self.budget["cpu_malloc"] = chosen
+        self.planner.hold_budget()  # caps the CUDA allocator, or sets how the CPU peak is held and checked
         data: DataSource = instantiate(self.cfg.data, "data")
         self.data_label = data.label
         self.notify("data", self.data_label)
@@ -160,17 +157,12 @@ class Job:
         self.extra = self.workload.extra_metrics(len(self.durations))
         # where the peak went: one more step under torch's MemTracker, after the measured steps and their peak
         self.breakdown, self.breakdown_reason = breakdown_bytes(self.workload, self.device)
-        self.failure = budget.budget_failure(self.target, self.mem, self.budget["budget_enforced_by"],
-                                             self.runtime_bytes)
+        self.failure = self.planner.budget_failure(self.mem)
 
     def _timed_step(self, index: int, warmup: bool) -> float:
         assert self.workload is not None and self.sampler is not None
         self.planner.before_step(index)  # a new budget in memory.budget_file: re-plan before this step, untimed
-        sync(self.device)
-        start = time.monotonic()
-        self.workload.step()
-        sync(self.device)
-        end = time.monotonic()
+        start, end = timed_step(self.device, self.workload.step)
         self.sampler.mark_step(index, start, end, warmup)
         return end - start
 
@@ -230,7 +222,8 @@ def run_job(cfg: DictConfig, out_dir: Path, notify: Optional[Callable[[str, Any]
 
     An out-of-memory error or any other error inside the job is recorded as its failure (kind "oom" or
     "error") and returned, so a sweep goes on; a bad value the user gave raises UsageError before any
-    result is written; Ctrl-C is recorded as "interrupted" and re-raised. `run_isolated` runs this in a
+    result is written; Ctrl-C is recorded as "interrupted" (SIGTERM and SIGHUP
+    as "terminated": signals.Terminated) and re-raised. `run_isolated` runs this in a
     child process; call this directly only where a job that kills its process may take the caller along.
     """
     job = Job(cfg, out_dir, notify)  # validates batch, steps, ... (UsageError)
@@ -261,42 +254,23 @@ def _run_locked(job: Job) -> Dict[str, Any]:
     except UsageError:  # e.g. a data file that is missing: the user's to fix, not a result
         user_error = True
         raise
-    except KeyboardInterrupt:
-        job.failure = {"kind": "interrupted", "message": "interrupted by the user (Ctrl-C)"}
+    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM / SIGHUP (signals.Terminated): the steps so far are kept
+        job.failure = signals.failure_of(exc)
         raise
     except BaseException as exc:  # noqa: B902 - every failure of the job is a result, not a crash
         kind = "oom" if is_oom(exc) else "error"
         job.failure = {"kind": kind, "message": describe_error(exc)}
         log.debug("job failed", exc_info=True)
     finally:
-        # a second Ctrl-C (or the one a parent forwards) waits until the results are written and memory freed
-        with sigint_deferred():
+        # a second Ctrl-C or SIGTERM (or the one a parent forwards) waits until the results are written and
+        # memory freed
+        with signals.stop_signals_deferred():
             samples = _stop_sampler(job)
             if not user_error:
                 _write_or_say(job, samples)
                 job.notify("summary", job.last_summary)  # before cleanup: a crash there must not lose it
             _release(job)
     return job.last_summary
-
-
-@contextlib.contextmanager
-def sigint_deferred():
-    """Hold SIGINT back while the block runs, then give a held one to the handler that was there before
-    (which raises KeyboardInterrupt; a job process's handler also ignores any later one)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    pending: List[int] = []
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: pending.append(signum))
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-    if pending:
-        if callable(previous):
-            previous(signal.SIGINT, None)
-        elif previous == signal.SIG_DFL:
-            raise KeyboardInterrupt
 
 
 def _stop_sampler(job: Job):
@@ -339,7 +313,7 @@ def _release(job: Job) -> None:
     job.workload = None
     try:
         memory.release_memory(job.device)
-        budget.release_budget(job.device)
+        job.planner.release_budget()
     except Exception:
         log.warning("releasing memory after the job failed", exc_info=True)
 

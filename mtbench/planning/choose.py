@@ -4,7 +4,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional
 
@@ -172,6 +171,7 @@ def probe_step(workload: Any, plan: MemoryPlan, device: torch.device, runtime_by
     whose first step fits `budget_bytes` takes a second step and the higher peak of the two counts."""
     from mtbench.device import budget
     from mtbench.device.peak import PeakMemory, release_memory
+    from mtbench.device.timing import timed_step
 
     workload.set_memory_plan(plan)
     peaks: List[Optional[int]] = []
@@ -180,17 +180,14 @@ def probe_step(workload: Any, plan: MemoryPlan, device: torch.device, runtime_by
         release_memory(device)
         peak = PeakMemory(device)
         peak.reset()
-        began = time.monotonic()
         try:
-            workload.step()
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
+            began, ended = timed_step(device, workload.step)  # as a job times its steps
         except BaseException as exc:  # noqa: B902 - an allocator OOM is the probe's answer; anything else is raised
             if not is_oom(exc):
                 raise
             release_memory(device)
             return {"peak_bytes": None, "step_time_s": None, "oom": True, "steps": len(peaks) + 1}
-        seconds = time.monotonic() - began
+        seconds = ended - began
         mem = peak.read()
         # on CUDA the budget caps what the allocator reserves; on CPU the resident peak less the runtime
         peaks.append(mem.get("mem_peak_reserved_bytes") if device.type == "cuda"

@@ -9,7 +9,11 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
+from mtbench.device.budget import apply_budget, budget_failure, release_budget, target_from_cfg
+from mtbench.device import peak
+from mtbench.device.targets import Target
 from mtbench.errors import UsageError
+from mtbench.regular_files import KIB, read_regular
 from mtbench.planning import choose as plan_select
 from mtbench.workload.plans import NONE, MemoryPlan, PlanSettings, settings_from_cfg
 
@@ -21,9 +25,11 @@ ALLOC_CONF = "PYTORCH_CUDA_ALLOC_CONF"
 
 def read_budget_file(path: Path) -> Optional[int]:
     """The budget in a watched file: one number, in GiB (e.g. `1.5`), optionally followed by `GiB`; or a whole
-    number followed by `bytes`. None when the file is missing or empty; ValueError when it holds anything else."""
+    number followed by `bytes`. None when the file is missing or empty; ValueError when it holds anything else
+    (also a value too large to be a number of bytes: `1e400`, `inf`); RefusedFile (an OSError) when it is not a
+    regular file (a FIFO would block the job) or larger than 4 KiB."""
     try:
-        text = path.read_text().strip()
+        text = read_regular(str(path), 4 * KIB).decode("utf-8", errors="replace").strip()
     except FileNotFoundError:
         return None
     if not text:
@@ -36,7 +42,7 @@ def read_budget_file(path: Path) -> Optional[int]:
             value = int(float(words[0]) * 2**30)
         else:
             raise ValueError(text)
-    except ValueError:
+    except (ValueError, OverflowError):  # int(float("1e400") * 2**30): an infinite budget is no budget
         raise ValueError(f"{path}: {text[:60]!r} is not a budget; allowed: a number of GiB (1.5), '1.5 GiB' or "
                          "'1610612736 bytes'") from None
     if value <= 0:
@@ -95,11 +101,34 @@ class Planner:
         self.device: Optional[torch.device] = None
         self.is_oom: Callable[[BaseException], bool] = lambda exc: False
 
-    def held_target(self, target: Any) -> Any:
-        """The job's target with memory.budget_gb as its budget (the job is held to it as to a board's)."""
-        if self.settings.budget_bytes is None:
-            return target
-        return dataclasses.replace(target, memory_budget_bytes=self.settings.budget_bytes)
+        # the board whose memory budget the job must fit (target=none: no budget); memory.budget_gb replaces the
+        # target's budget, and the job is held to it as to a board's
+        self.target: Target = target_from_cfg(cfg)
+        if self.settings.budget_bytes is not None:
+            self.target = dataclasses.replace(self.target, memory_budget_bytes=self.settings.budget_bytes)
+        # how the budget is held (summary.json): set by hold_budget before the model is built
+        self.held: Dict[str, Any] = {"budget_bytes": self.target.memory_budget_bytes, "budget_enforced_by": None}
+
+    def hold_budget(self) -> None:
+        """Before the model is built, after the runtime's memory was read: cap the CUDA allocator at the budget, or
+        on CPU set glibc's malloc for the peak check (memory.cpu_malloc)."""
+        assert self.device is not None, "before_build first"
+        cpu_malloc = self.settings.cpu_malloc
+        self.held = apply_budget(self.target, self.device, cpu_malloc)
+        if self.held["budget_bytes"] is None and self.device.type == "cpu":
+            # no peak check: memory.cpu_malloc as asked (auto: live where memory.budget_file alone steers the plan,
+            # so that its probes measure as a budgeted job's; else glibc's own settings)
+            chosen = peak.set_cpu_malloc(cpu_malloc, budgeted=self.budget_bytes is not None)
+            if chosen is not None:
+                self.held["cpu_malloc"] = chosen
+
+    def budget_failure(self, mem: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+        """After the measured steps (CPU peak check): failure {"kind": "budget", ...} when over the budget."""
+        return budget_failure(self.target, mem, self.held["budget_enforced_by"], self.runtime_bytes)
+
+    def release_budget(self) -> None:
+        if self.device is not None:
+            release_budget(self.device)
 
     # -- before the model exists ------------------------------------------------------------------------------
     def _set_allocator_conf(self) -> Dict[str, Any]:
@@ -213,9 +242,6 @@ class Planner:
         before = self.plan
         self.budget_bytes, self.budget_source = budget, f"budget_file {self.watch.path if self.watch else ''}"
         if self.device is not None and self.device.type == "cuda" and budget is not None:
-            from mtbench.device.budget import apply_budget
-            from mtbench.device.targets import Target
-
             torch.cuda.empty_cache()  # segments cached under the old budget go back before the cap changes
             apply_budget(dataclasses.replace(Target.none(), name="budget_file", memory_budget_bytes=budget),
                          self.device)

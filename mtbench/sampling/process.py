@@ -209,8 +209,10 @@ def _signal_name(number: int) -> str:
 
 def serve(fd: int, parent_pid: int) -> None:
     """The sampling process's main: open, start, stop as the training process asks through the socket `fd`."""
-    # Ctrl-C reaches the whole process group: the training process handles it and then stops this one
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # Ctrl-C (and a scheduler's SIGTERM, a closed terminal's SIGHUP) reaches the whole process group: the training
+    # process handles it and then stops this one, whose samples the summary still needs
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, signal.SIG_IGN)
     from mtbench.sampling import Sampler, open_sensors
 
     conn = Connection(fd)

@@ -1,0 +1,123 @@
+"""Result folders are claimed before a run writes into them: a default folder taken by another run gives way to
+the next free name, an explicit one that holds another run's results is refused (unless resume=true)."""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+from mtbench.errors import UsageError
+
+CLAIM = ".mtbench-claim"  # JSON: pid, host and start time of the run that writes into the folder
+DIR_KEYS = ("hydra.run.dir", "hydra.sweep.dir")
+
+
+def claim_explicit_dirs(args: List[str]) -> None:
+    """For `hydra.run.dir=D` / `hydra.sweep.dir=D` given on the command line: refuse D when another run is
+    writing there, or (without resume=true) when an earlier run's results are there; else claim it."""
+    values = _explicit(args)
+    resume = values.get("resume", "false").lower() == "true"
+    for key in DIR_KEYS:
+        folder = values.get(key)
+        if folder is None or "${" in folder:
+            continue  # an interpolation: the default's own claim (config.free_dir) applies
+        _claim(Path(folder), key, resume)
+
+
+def _explicit(args: List[str]) -> Dict[str, str]:
+    found: Dict[str, str] = {}
+    for arg in args:
+        key, sep, value = arg.partition("=")
+        if sep and key.lstrip("+") in (*DIR_KEYS, "resume"):
+            found[key.lstrip("+")] = value
+    return found
+
+
+def _claim(folder: Path, key: str, resume: bool) -> None:
+    if folder.is_dir():
+        other = _claim_of(folder)
+        if other is not None and _alive(other):
+            raise UsageError(f"{key}={folder} is being written by another mtbench run ({_describe(other)}); "
+                             "allowed: another folder, or wait for that run to end")
+        if not resume and (other is not None or _has_results(folder)):
+            who = f" ({_describe(other)})" if other is not None else ""
+            raise UsageError(f"{key}={folder} already holds the results of another run{who}; nothing there is "
+                             "replaced: allowed: another folder, or resume=true to finish that run")
+    elif folder.exists() or folder.is_symlink():
+        return  # not a folder: Hydra's own check (and the command line's) says so in one line
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        _write_claim(folder)
+    except OSError:
+        return  # a folder that cannot be made: said in one line when the run tries to write there
+
+
+def _write_claim(folder: Path) -> None:
+    record = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.time()}
+    path = folder / CLAIM
+    tmp = folder / f"{CLAIM}.{os.getpid()}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    with os.fdopen(fd, "w") as f:
+        json.dump(record, f)
+    os.replace(tmp, path)  # a claim left by a finished (or dead) earlier run is replaced by this one
+
+
+def _claim_of(folder: Path) -> Optional[Dict[str, Any]]:
+    try:
+        fd = os.open(folder / CLAIM, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        with os.fdopen(fd, "rb") as f:
+            record = json.loads(f.read(4096).decode("utf-8"))
+    except (OSError, ValueError):
+        return {"pid": None, "host": None, "started": None}  # a claim we cannot read is still a claim
+    return record if isinstance(record, dict) else {"pid": None, "host": None, "started": None}
+
+
+def _alive(claim: Dict[str, Any]) -> bool:
+    """The claiming run is still running (same host, its pid alive and not this process)."""
+    pid = claim.get("pid")
+    if not isinstance(pid, int) or claim.get("host") != socket.gethostname() or pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's live process
+    return True
+
+
+def _describe(claim: Dict[str, Any]) -> str:
+    started = claim.get("started")
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(started)) if isinstance(started, (int, float)) else "?"
+    return f"pid {claim.get('pid', '?')} on {claim.get('host', '?')}, started {when}"
+
+
+def _has_results(folder: Path) -> bool:
+    """An earlier run wrote here: a job's summary or Hydra's record of a job (.hydra/), at most two levels down."""
+    for pattern in ("summary.json", ".hydra", "*/summary.json", "*/.hydra"):
+        if any(folder.glob(pattern)):
+            return True
+    return False
+
+
+def free_dir(path: str) -> str:
+    """`path`, or `path-2`, `path-3` ... : the first that did not exist, made now (atomically: os.mkdir), so two
+    runs started in the same second never share a default folder. Hydra's resolver cache keeps the answer for a
+    config (and hands it to a sweep's jobs), so one run asks once."""
+    parent = os.path.dirname(path)
+    if parent:
+        os.makedirs(parent, exist_ok=True)
+    for n in range(1, 10000):
+        candidate = path if n == 1 else f"{path}-{n}"
+        try:
+            os.mkdir(candidate)
+            return candidate
+        except FileExistsError:
+            continue
+    raise UsageError(f"{path}: 10,000 folders of that name exist; allowed: a folder of your own (hydra.run.dir=...)")

@@ -1,0 +1,64 @@
+"""Reading a file a user names, as root may: a regular file only (never a link, FIFO, device or folder), within a
+size limit, so a planted name neither redirects the read nor blocks a job before its first step."""
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from typing import BinaryIO
+
+KIB, MIB, GIB = 2**10, 2**20, 2**30
+
+
+class RefusedFile(OSError):
+    """A path that is not a readable regular file of acceptable size; the message names it and why."""
+
+
+def open_regular(path: str) -> BinaryIO:
+    """`path` opened for reading in binary mode, or RefusedFile (FileNotFoundError where it does not exist).
+
+    O_NOFOLLOW: a link in the last component is refused, not followed (a folder above may be a link: that is
+    the owner's layout, not a plant). O_NONBLOCK: opening a FIFO returns at once instead of waiting for a writer.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise RefusedFile(f"{path} is a symbolic link, refused (give the file it points to: "
+                              f"{os.path.realpath(path)})") from None
+        raise RefusedFile(f"{path}: cannot open ({exc.strerror})") from None
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+        os.close(fd)
+        raise RefusedFile(f"{path} is {_kind(info.st_mode)}, not a regular file, refused")
+    return os.fdopen(fd, "rb")
+
+
+def read_regular(path: str, limit_bytes: int) -> bytes:
+    """The whole of regular file `path`, or RefusedFile where it is not one or is larger than `limit_bytes`."""
+    with open_regular(path) as f:
+        data = f.read(limit_bytes + 1)
+    if len(data) > limit_bytes:
+        raise RefusedFile(f"{path} is larger than {_size(limit_bytes)}, refused")
+    return data
+
+
+def _kind(mode: int) -> str:
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISDIR(mode):
+        return "a folder"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    return "not a regular file"
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("GiB", GIB), ("MiB", MIB), ("KiB", KIB)):
+        if n >= scale:
+            return f"{n / scale:g} {unit}"
+    return f"{n} bytes"
