@@ -14,8 +14,8 @@ class RefusedFile(OSError):
     """A path that is not a readable regular file of acceptable size; the message names it and why."""
 
 
-def open_regular(path: str) -> BinaryIO:
-    """`path` opened for reading in binary mode, or RefusedFile (FileNotFoundError where it does not exist).
+def open_regular_fd(path: str) -> int:
+    """A read-only descriptor of `path`, or RefusedFile (FileNotFoundError where it does not exist).
 
     O_NOFOLLOW: a link in the last component is refused, not followed (a folder above may be a link: that is
     the owner's layout, not a plant). O_NONBLOCK: opening a FIFO returns at once instead of waiting for a writer.
@@ -33,7 +33,18 @@ def open_regular(path: str) -> BinaryIO:
     if not stat.S_ISREG(info.st_mode):
         os.close(fd)
         raise RefusedFile(f"{path} is {_kind(info.st_mode)}, not a regular file, refused")
-    return os.fdopen(fd, "rb")
+    return fd
+
+
+def open_regular(path: str) -> BinaryIO:
+    """`path` opened for reading in binary mode (see `open_regular_fd`)."""
+    return os.fdopen(open_regular_fd(path), "rb")
+
+
+def read_head(path: str, limit_bytes: int) -> bytes:
+    """At most the first `limit_bytes` of regular file `path` (a sysfs attribute, a release file)."""
+    with open_regular(path) as f:
+        return f.read(limit_bytes)
 
 
 def read_regular(path: str, limit_bytes: int) -> bytes:

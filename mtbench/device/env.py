@@ -5,8 +5,9 @@ import glob
 import os
 import platform
 import re
-import stat
 from typing import Any, Dict, List, Optional
+
+from mtbench.sampling.sysfs import read_small
 
 
 def cpu_model() -> str:
@@ -77,26 +78,9 @@ MAX_READ_BYTES = 1 << 16  # nvpmodel.conf is a few kB; everything else a line
 
 def _read(root: str, rel: str) -> Optional[str]:
     """A small regular file's text; None where it is missing, unreadable, or not a regular file (a FIFO
-    planted at etc/nv_tegra_release must not block the job: O_NONBLOCK|O_NOFOLLOW, fstat S_ISREG, a size
-    limit)."""
-    try:
-        fd = os.open(os.path.join(root, rel), os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None
-        data = b""
-        while len(data) < MAX_READ_BYTES:
-            chunk = os.read(fd, MAX_READ_BYTES - len(data))
-            if not chunk:
-                break
-            data += chunk
-        return data.decode("utf-8", "replace").replace("\x00", "").strip()
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
+    planted at etc/nv_tegra_release must not block the job)."""
+    data = read_small(os.path.join(root, rel), MAX_READ_BYTES)
+    return None if data is None else data.decode("utf-8", "replace").replace("\x00", "").strip()
 
 
 def _int(text: Optional[str]) -> Optional[int]:

@@ -6,45 +6,20 @@ So every open is O_NONBLOCK|O_NOFOLLOW, fstat must say S_ISREG, and reads stop a
 """
 from __future__ import annotations
 
-import errno
 import os
-import stat
 from typing import Optional
 
+from mtbench.regular_files import open_regular_fd as open_regular, read_head
+
 MAX_TEXT_BYTES = 1 << 16  # an attribute or a release file is a few bytes; nvpmodel.conf a few kB
-
-
-def open_regular(path: str) -> int:
-    """A read-only descriptor of `path` if it is a regular file that is not a symbolic link; OSError else."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise OSError(errno.EINVAL, "not a regular file (refused: it could block the job)", path)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
 
 
 def read_small(path: str, limit: int = MAX_TEXT_BYTES) -> Optional[bytes]:
     """The first `limit` bytes of a regular file; None when it is missing, unreadable or not a regular file."""
     try:
-        fd = open_regular(path)
-    except OSError:
+        return read_head(path, limit)
+    except OSError:  # RefusedFile too
         return None
-    try:
-        chunks, size = [], 0
-        while size < limit:
-            chunk = os.read(fd, limit - size)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            size += len(chunk)
-        return b"".join(chunks)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
 
 
 class AttrFile:
