@@ -190,12 +190,109 @@ class JobSpec:
     def from_cfg(cls, cfg: Dict[str, Any]) -> "JobSpec":
         return cls(
             model=str(cfg["model"]["name"]),
-            batch_size=positive_int("batch", cfg["batch"]),
-            steps=positive_int("steps", cfg["steps"]),
-            warmup=positive_int("warmup", cfg["warmup"], minimum=0),
-            seed=positive_int("seed", cfg["seed"], minimum=0),
-            device=choice("device", cfg["device"]["name"], ("cpu", "cuda", "auto")),
+            batch_size=setting(cfg, "batch"),
+            steps=setting(cfg, "steps"),
+            warmup=setting(cfg, "warmup"),
+            seed=setting(cfg, "seed"),
+            device=choice("device", cfg["device"]["name"], DEVICES),
         )
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The schema: every scalar key a job reads, with the rule that checks it. Every place that reads one of these keys
+# asks `setting` (a composed config) or `check_value` (one value, e.g. from the command line), so a value is judged
+# once, by one rule, with one message naming it and what is allowed.
+
+PLANS = ("none", "recompute", "microbatch", "auto")  # memory.plan
+CPU_MALLOC = ("auto", "glibc", "live", "cached")  # memory.cpu_malloc (mtbench.device.peak applies it)
+SELECTORS = ("auto", "predictor", "probes")  # memory.select
+SAMPLER_MODES = ("process", "thread")  # sampler.mode: where the sampling loop runs (see conf/sampler/_base.yaml)
+DEVICES = ("cpu", "cuda", "auto")  # device.name
+
+
+def _whole(minimum: int) -> Any:
+    return lambda key, value: positive_int(key, value, minimum=minimum)
+
+
+def _one_of(*allowed: str) -> Any:
+    return lambda key, value: choice(key, value, allowed)
+
+
+def _boolean(key: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise UsageError(f"{key}={value!r} is not known; allowed: true, false")
+    return value
+
+
+def _auto_or_whole(minimum: int, maximum: Optional[int], what: str) -> Any:
+    def rule(key: str, value: Any) -> Any:
+        if value == "auto":
+            return value
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum or \
+                (maximum is not None and value > maximum):
+            raise UsageError(f"{key}={value!r} is not allowed; allowed: auto or {what}")
+        return value
+    return rule
+
+
+def _micro(key: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise UsageError(f"{key}={value!r} is not allowed; allowed: a whole number >= 1")
+    return value
+
+
+def _gib_or_null(key: str, value: Any) -> Optional[float]:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0
+                              or value == float("inf")):
+        raise UsageError(f"{key}={value!r} is not allowed; allowed: null or a number of GiB > 0")
+    return value
+
+
+def _path_or_null(key: str, value: Any) -> Optional[str]:
+    if value is not None and (not isinstance(value, str) or not value):
+        raise UsageError(f"{key}={value!r} is not allowed; allowed: null or a file path")
+    return value
+
+
+SCHEMA: Dict[str, Any] = {
+    "batch": _whole(1),
+    "steps": _whole(1),
+    "warmup": _whole(0),
+    "seed": _whole(0),
+    "device.name": _one_of(*DEVICES),
+    "profile": _boolean,
+    "cudnn_benchmark": _boolean,
+    "resume": _boolean,
+    "allow_parallel": _boolean,
+    "objective": _one_of(*OBJECTIVES),
+    "device_lock": _one_of(*LOCK_MODES),
+    "sampler.mode": _one_of(*SAMPLER_MODES),
+    "sampler.interval_ms": lambda key, value: positive_float(key, value),
+    "memory.plan": _one_of(*PLANS),
+    "memory.microbatch": _micro,
+    "memory.recompute": _auto_or_whole(1, None, "a whole number of segments >= 1"),
+    "memory.recompute_share": _auto_or_whole(1, 100, "a whole percentage 1-100"),
+    "memory.budget_gb": _gib_or_null,
+    "memory.budget_file": _path_or_null,
+    "memory.select": _one_of(*SELECTORS),
+    "memory.expandable_segments": _boolean,
+    "memory.cpu_malloc": _one_of(*CPU_MALLOC),
+}
+
+
+def check_value(key: str, value: Any) -> Any:
+    """`value` for schema key `key`, checked (and parsed: "16" -> 16 for whole numbers); a UsageError otherwise."""
+    return SCHEMA[key](key, value)
+
+
+def setting(cfg: Any, key: str, default: Any = None) -> Any:
+    """The composed config's value at dotted `key` (`default` where absent), checked by the schema."""
+    node: Any = cfg
+    for part in key.split("."):
+        node = node.get(part) if hasattr(node, "get") else None
+        if node is None:
+            return check_value(key, default)
+    return check_value(key, node)
 
 
 def positive_int(key: str, value: Any, minimum: int = 1) -> int:

@@ -20,10 +20,9 @@ def claim_explicit_dirs(args: List[str]) -> None:
     writing there, or (without resume=true) when an earlier run's results are there; else claim it."""
     values = _explicit(args)
     resume = values.get("resume", "false").lower() == "true"
-    for key in DIR_KEYS:
-        folder = values.get(key)
-        if folder is None or "${" in folder:
-            continue  # an interpolation: the default's own claim (config.free_dir) applies
+    key = "hydra.sweep.dir" if ("-m" in args or "--multirun" in args) else "hydra.run.dir"  # the one Hydra uses
+    folder = values.get(key)
+    if folder is not None and "${" not in folder:  # an interpolation: the default's own claim (free_dir) applies
         _claim(Path(folder), key, resume)
 
 

@@ -62,7 +62,6 @@ M_TRIM_THRESHOLD = -1
 MMAP_THRESHOLD_BYTES = 128 * 1024  # glibc's own initial threshold, here kept fixed (memory.cpu_malloc=live)
 CACHED_MMAP_BYTES = 32 * 2**20  # glibc's DEFAULT_MMAP_THRESHOLD_MAX on 64-bit: the ceiling of its own dynamic rule
 CACHED_TRIM_BYTES = 2**31 - 1  # mallopt takes a C int: the largest, so the heap's top is not given back
-CPU_MALLOC = ("auto", "glibc", "live", "cached")
 
 
 def _mallopt(settings: Dict[int, int]) -> Optional[str]:

@@ -11,7 +11,7 @@ from typing import Optional, Tuple
 
 import torch
 
-from mtbench.config import LOCK_MODES
+from mtbench.config import check_value
 from mtbench.device.select import lock_key
 from mtbench.errors import UsageError
 
@@ -26,8 +26,7 @@ class DeviceLock:
     """
 
     def __init__(self, device: torch.device, mode: str, lock_dir: str) -> None:
-        if mode not in LOCK_MODES:
-            raise UsageError(f"device_lock={mode!r} is not known; allowed: {', '.join(LOCK_MODES)}")
+        mode = check_value("device_lock", mode)
         if mode != "off" and not os.path.isabs(lock_dir):
             # an empty MTBENCH_LOCK_DIR= meant the current folder: jobs started in two folders never met
             raise UsageError(f"lock_dir={lock_dir!r} (or MTBENCH_LOCK_DIR) is not an absolute folder; allowed: an "

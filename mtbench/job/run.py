@@ -14,7 +14,7 @@ from typing import Any, Callable, Dict, List, Optional
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from mtbench.config import JobSpec, instantiate, positive_float
+from mtbench.config import JobSpec, instantiate, setting
 from mtbench.data.base import DataSource
 from mtbench.device import env, peak as memory
 from mtbench.device.oom import is_oom
@@ -32,7 +32,6 @@ from mtbench.workload.breakdown import breakdown_bytes, fragmentation_bytes
 
 log = logging.getLogger("mtbench")
 
-SAMPLER_MODES = ("process", "thread")  # sampler.mode: where the sampling loop runs (see conf/sampler/_base.yaml)
 
 
 class Job:
@@ -46,7 +45,7 @@ class Job:
         self.notify = notify or (lambda kind, payload: None)
         self.out_dir = Path(out_dir)
         self.spec = JobSpec.from_cfg(cfg)
-        self.interval_ms = positive_float("sampler.interval_ms", cfg.sampler.interval_ms)
+        self.interval_ms = setting(cfg, "sampler.interval_ms")
         self.device = resolve_device(self.spec.device)
         self.failure: Optional[Dict[str, str]] = None
         self.durations: List[float] = []
@@ -55,18 +54,12 @@ class Job:
         self.data_label = "unknown"
         self.parameters: Optional[int] = None
         self.sampler: Optional[Sampler | ProcessSampler] = None
-        self.sampler_mode = str(cfg.sampler.get("mode", "process"))
-        if self.sampler_mode not in SAMPLER_MODES:
-            raise UsageError(f"sampler.mode={self.sampler_mode!r} is not known; allowed: {', '.join(SAMPLER_MODES)}")
+        self.sampler_mode = setting(cfg, "sampler.mode", "process")
         self.sensor_status: List[dict] = []
         self.no_samples_reason = "the job ended before sampling"
         self.last_summary: Dict[str, Any] = {}
-        self.profile = cfg.get("profile", False)
-        if not isinstance(self.profile, bool):
-            raise UsageError(f"profile={self.profile!r} is not known; allowed: true, false")
-        self.cudnn_benchmark = cfg.get("cudnn_benchmark", True)
-        if not isinstance(self.cudnn_benchmark, bool):
-            raise UsageError(f"cudnn_benchmark={self.cudnn_benchmark!r} is not known; allowed: true, false")
+        self.profile = setting(cfg, "profile", False)
+        self.cudnn_benchmark = setting(cfg, "cudnn_benchmark", True)
         self.profiler = None  # a profiling.Profiler once the profiled steps ran
         self.reference: List[float] = []  # unprofiled step times, for the profiler's overhead
         self.runtime_bytes: Optional[int] = None  # resident memory before the model was built (CPU)

@@ -12,6 +12,7 @@ import torch
 from mtbench.device.budget import apply_budget, budget_failure, release_budget, target_from_cfg
 from mtbench.device import peak
 from mtbench.device.targets import Target
+from mtbench.config import setting
 from mtbench.errors import UsageError
 from mtbench.regular_files import KIB, read_regular
 from mtbench.planning import choose as plan_select
@@ -19,7 +20,6 @@ from mtbench.workload.plans import NONE, MemoryPlan, PlanSettings, settings_from
 
 log = logging.getLogger("mtbench")
 
-SELECTORS = ("auto", "predictor", "probes")  # memory.select
 ALLOC_CONF = "PYTORCH_CUDA_ALLOC_CONF"
 
 
@@ -76,10 +76,7 @@ class Planner:
     def __init__(self, cfg: Any) -> None:
         self.cfg = cfg
         self.settings: PlanSettings = settings_from_cfg(cfg)
-        node = cfg.get("memory") if hasattr(cfg, "get") else None
-        self.select = str(node.get("select", "auto")) if node is not None else "auto"
-        if self.select not in SELECTORS:
-            raise UsageError(f"memory.select={self.select!r} is not known; allowed: {', '.join(SELECTORS)}")
+        self.select = setting(cfg, "memory.select", "auto")
         target_budget = None
         target = cfg.get("target") if hasattr(cfg, "get") else None
         if target is not None and target.get("memory_budget_bytes") is not None:

@@ -10,9 +10,8 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from mtbench.errors import UsageError
+from mtbench.config import setting
 
-PLANS = ("none", "recompute", "microbatch", "auto")  # memory.plan
 # torch >= 2.1: checkpoint(context_fn=...) lets the recomputation run without updating BatchNorm's running statistics
 CONTEXT_FN = "context_fn" in inspect.signature(checkpoint).parameters
 
@@ -68,37 +67,15 @@ class PlanSettings:
 
 def settings_from_cfg(cfg: Any) -> PlanSettings:
     """The job config's `memory:` node (absent: no plan); a bad value is a UsageError naming what is allowed."""
-    node = cfg.get("memory") if hasattr(cfg, "get") else None
-    node = node if node is not None else {}
-    get = node.get if hasattr(node, "get") else (lambda k, d=None: d)
-    plan = str(get("plan", "none"))
-    if plan not in PLANS:
-        raise UsageError(f"memory.plan={plan!r} is not known; allowed: {', '.join(PLANS)}")
-    micro = get("microbatch", 2)
-    if isinstance(micro, bool) or not isinstance(micro, int) or micro < 1:
-        raise UsageError(f"memory.microbatch={micro!r} is not allowed; allowed: a whole number >= 1")
-    rec = get("recompute", "auto")
-    if rec == "auto":
-        segments = AUTO_SEGMENTS
-    elif isinstance(rec, int) and not isinstance(rec, bool) and rec >= 1:
-        segments = rec
-    else:
-        raise UsageError(f"memory.recompute={rec!r} is not allowed; allowed: auto or a whole number of segments >= 1")
-    gb = get("budget_gb", None)
-    if gb is not None and (isinstance(gb, bool) or not isinstance(gb, (int, float)) or not gb > 0):
-        raise UsageError(f"memory.budget_gb={gb!r} is not allowed; allowed: null or a number of GiB > 0")
-    expandable = get("expandable_segments", False)
-    if not isinstance(expandable, bool):
-        raise UsageError(f"memory.expandable_segments={expandable!r} is not known; allowed: true, false")
-    budget_file = get("budget_file", None)
-    from mtbench.device.peak import CPU_MALLOC
-
-    cpu_malloc = str(get("cpu_malloc", "auto"))
-    if cpu_malloc not in CPU_MALLOC:
-        raise UsageError(f"memory.cpu_malloc={cpu_malloc!r} is not known; allowed: {', '.join(CPU_MALLOC)}")
-    share = get("recompute_share", "auto")
-    if share != "auto" and (isinstance(share, bool) or not isinstance(share, int) or not 1 <= share <= 100):
-        raise UsageError(f"memory.recompute_share={share!r} is not allowed; allowed: auto or a whole percentage 1-100")
+    plan = setting(cfg, "memory.plan", "none")
+    micro = setting(cfg, "memory.microbatch", 2)
+    rec = setting(cfg, "memory.recompute", "auto")
+    segments = AUTO_SEGMENTS if rec == "auto" else rec
+    gb = setting(cfg, "memory.budget_gb", None)
+    expandable = setting(cfg, "memory.expandable_segments", False)
+    budget_file = setting(cfg, "memory.budget_file", None)
+    cpu_malloc = setting(cfg, "memory.cpu_malloc", "auto")
+    share = setting(cfg, "memory.recompute_share", "auto")
     return PlanSettings(plan=plan, microbatch=int(micro), recompute=segments,
                         budget_bytes=None if gb is None else int(float(gb) * 2**30),
                         budget_file=None if budget_file is None else str(budget_file),
