@@ -9,7 +9,7 @@ from mtbench.results.files import SCHEMA, stats
 FIGURE_KEYS = ("cpu_util_pct", "process_cpu_pct", "gpu_util_pct", "power_w", "energy_j", "mem_peak_bytes",
                "mem_system_peak_bytes", "mem_breakdown_bytes")
 # keys every job's summary holds beside the required ones (null where the job did not get that far)
-JOB_KEYS = ("mem_peak_source", "mem_runtime_bytes", "mem_fragmentation_bytes", "target", "budget_bytes",
+JOB_KEYS = ("mem_peak_source", "mem_baseline_bytes", "mem_runtime_bytes", "mem_fragmentation_bytes", "target", "budget_bytes",
             "budget_enforced_by", "parameters", "cudnn_benchmark", "memory_plan", "sampler", "env", "config")
 
 
