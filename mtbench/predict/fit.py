@@ -21,7 +21,7 @@ def read_summaries(folder: Path) -> List[Dict[str, Any]]:
     out = []
     for path in sorted(folder.rglob("summary.json")):
         try:
-            s = checked(read_summary_file(path))
+            s = checked(read_summary_file(path, require_schema=False))  # as before: no schema key needed
         except UnreadableSummary:
             continue  # not a result to fit
         if s.get("success") and (s.get("step_time_s") or {}).get("median"):
