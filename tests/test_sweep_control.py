@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 
+from mtbench.results.reader import field_problems
 from tests.conftest import REPO, mtbench_cli
 
 JOB = ["model=squeezenet", "batch=1", "device=cpu", "warmup=1", "steps=4"]
@@ -67,3 +68,32 @@ def test_a_killed_sweep_resumes_with_the_jobs_it_had_not_finished(tmp_path):
     assert len(summaries) == 5
     assert all(json.loads(p.read_text())["success"] for p in summaries.values())
     assert {name: summaries[name].stat().st_mtime_ns for name in done} == done  # the finished two untouched
+
+
+def test_resume_runs_again_a_job_whose_summary_is_not_a_finished_result(tmp_path):
+    """Issue 19 item 5: a summary.json that is `[]`, `null` or hand-edited (a string where a number was) does not
+    crash a resumed sweep: each job runs again, said in one line."""
+    sweep_args = ["-m", "model=squeezenet", "batch=1,2,3", "device=cpu", "warmup=0", "steps=1",
+                  f"hydra.sweep.dir={tmp_path}", f"lock_dir={tmp_path}"]
+    first = mtbench_cli(*sweep_args)
+    assert first.returncode == 0, first.stderr
+    jobs = {p.parent.name: p for p in tmp_path.rglob("summary.json")}
+    assert all(field_problems(json.loads(p.read_text())) == {} for p in jobs.values())  # real ones pass the check
+    edited = json.loads(jobs["2-squeezenet-b3"].read_text())
+    edited["step_time_s"]["median"] = "0.1 s"
+    jobs["0-squeezenet-b1"].write_text("[]")
+    jobs["1-squeezenet-b2"].write_text("null")
+    jobs["2-squeezenet-b3"].write_text(json.dumps(edited))
+
+    resumed = mtbench_cli(*sweep_args, "resume=true")
+    assert resumed.returncode == 0, resumed.stderr
+    assert "Traceback" not in resumed.stderr
+    said = [line.strip() for line in resumed.stdout.splitlines() if "holds no finished result" in line]
+    assert said == [
+        f"resume: {tmp_path / '0-squeezenet-b1'} holds no finished result of this configuration (JSON an array, "
+        "not an object); running it again",
+        f"resume: {tmp_path / '1-squeezenet-b2'} holds no finished result of this configuration (JSON null, not an "
+        "object); running it again",
+        f"resume: {tmp_path / '2-squeezenet-b3'} holds no finished result of this configuration (step_time_s: an "
+        "object where null or {median, mean, min, max, p90: numbers} was expected); running it again"], resumed.stdout
+    assert all(json.loads(p.read_text())["success"] for p in jobs.values())

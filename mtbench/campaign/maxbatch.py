@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
 
 from mtbench.errors import UsageError
+from mtbench.results.reader import UnreadableSummary, checked, read_summary
 
 SCHEMA = "mtbench.maxbatch/1"
 # what makes a probe "does not fit": the allocator's OOM (CUDA, or a real MemoryError), the budget check on CPU,
@@ -105,10 +106,14 @@ def probe_in_subprocess(overrides: List[str], batch: int, out_dir: Path) -> Prob
     with open(out_dir / "probe.log", "w") as log:
         proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ))
     seconds = time.monotonic() - began
-    summary_path = out_dir / "summary.json"
-    summary = json.loads(summary_path.read_text()) if summary_path.is_file() else None
+    try:
+        summary: Optional[Dict[str, Any]] = checked(read_summary(out_dir))
+    except UnreadableSummary as exc:
+        if not exc.missing:  # the probe's result cannot be known: the search stops on it
+            return Probe(batch, False, "error", str(exc), None, seconds)
+        summary = None
     if summary is None and proc.returncode == 2:
-        lines = (out_dir / "probe.log").read_text().strip().splitlines()
+        lines = (out_dir / "probe.log").read_text(errors="replace").strip().splitlines()
         raise UsageError(lines[-1].replace("mtbench: error: ", "", 1) if lines else "bad arguments")
     return _probe_from_summary(batch, summary, seconds, f"the job's process ended with {proc.returncode} "
                                                         "and wrote no summary")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Tuple
 
 from omegaconf import DictConfig
 
@@ -16,23 +16,40 @@ NOT_MEASURED_KEYS = ("resume", "device_lock", "lock_dir", "allow_parallel", "obj
 
 
 def finished_summary(out_dir: str, cfg: DictConfig) -> Optional[Dict[str, Any]]:
-    """The summary in `out_dir` if it is a finished one (succeeded or a recorded failure) of this same config."""
+    """The summary in `out_dir` if it is a finished one (succeeded or a recorded failure) of this same config.
+    Any other summary there (unreadable, hand-edited, interrupted, of another config) means "run it again", said
+    in one line; no summary at all (the job never ran, or was running when the sweep died) is said by no line."""
+    summary, why = _finished(out_dir, cfg)
+    if summary is None and why is not None:
+        print(f"    resume: {out_dir} holds no finished result of this configuration ({why}); running it again",
+              flush=True)
+    return summary
+
+
+def _finished(out_dir: str, cfg: DictConfig) -> Tuple[Optional[Dict[str, Any]], Optional[str]]:
     from omegaconf import OmegaConf
 
-    from mtbench.results.files import read_summary
+    from mtbench.results.reader import UnreadableSummary, field_problems, read_summary
 
     try:
-        summary = read_summary(Path(out_dir))
-    except (OSError, ValueError):
-        return None  # never written (the job was running when the sweep died), or half a file
-    if not isinstance(summary.get("config"), dict) or "success" not in summary or summary.get("write_error"):
-        return None
-    if (summary.get("failure") or {}).get("kind") in ("interrupted", "terminated"):
-        return None  # stopped by the user or a scheduler, not measured: it runs again
+        # the recorded config is compared below, a stronger test than the schema key (which may be absent)
+        summary = read_summary(Path(out_dir), require_schema=False)
+    except UnreadableSummary as exc:
+        return None, None if exc.missing else exc.reason
+    problems = field_problems(summary)
+    if problems:  # hand-edited: its figures cannot be trusted, nor a sweeper's objective read from them
+        return None, "; ".join(f"{k}: {why}" for k, why in problems.items())
+    if not isinstance(summary.get("config"), dict) or "success" not in summary:
+        return None, "it records no config or no success"
+    if summary.get("write_error"):
+        return None, f"its results were not all written: {summary['write_error']}"
+    kind = (summary.get("failure") or {}).get("kind")
+    if kind in ("interrupted", "terminated"):
+        return None, f"the job was {kind}"  # stopped by the user or a scheduler, not measured: it runs again
     now = OmegaConf.to_container(cfg, resolve=True)
     same = {k: v for k, v in summary["config"].items() if k not in NOT_MEASURED_KEYS} == \
         {k: v for k, v in now.items() if k not in NOT_MEASURED_KEYS}
-    return summary if same else None
+    return (summary, None) if same else (None, "its config differs")
 
 
 def objective_value(summary: Dict[str, Any], objective: str) -> float:

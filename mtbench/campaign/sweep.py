@@ -5,7 +5,6 @@ launcher that runs them in this process.
 """
 from __future__ import annotations
 
-import json
 import math
 import re
 import sys
@@ -95,18 +94,26 @@ class SweepProgress(Callback):
               f"batch={config.batch} ...", flush=True)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        from rich.markup import escape
         from rich.table import Table
 
         from mtbench.results.console import console, fmt_bytes
+        from mtbench.results.reader import UnreadableSummary, checked, read_summary_file, unreadable_text
 
         root = Path(config.hydra.sweep.dir)
         table = Table(title=f"sweep: {root}")
         for col in ("job", "model", "batch", "result", "step median s", "samples/s", "energy/step J", "peak mem"):
             table.add_column(col)
         for path in summaries_in_job_order(root):
-            s = json.loads(path.read_text())
-            result = "ok" if s.get("success") else (s.get("failure") or {}).get("kind", "failed")
-            table.add_row(path.parent.name, str(s.get("model")), str(s.get("batch_size")), result,
+            try:
+                s = checked(read_summary_file(path))
+            except UnreadableSummary as exc:  # the row says so; the other jobs' rows stand
+                table.add_row(escape(path.parent.name), "", "", escape(f"unreadable ({exc.reason})"), "", "", "", "")
+                continue
+            result = "ok" if s.get("success") else (s.get("failure") or {}).get("kind") or "failed"
+            if s["_unreadable"]:
+                result += f"; unreadable: {unreadable_text(s)}"
+            table.add_row(escape(path.parent.name), escape(str(s.get("model"))), str(s.get("batch_size")), escape(result),
                           _fmt((s.get("step_time_s") or {}).get("median"), ".4f"),
                           _fmt(s.get("throughput_samples_per_s"), ".2f"),
                           _fmt((s.get("energy_j") or {}).get("per_step_mean"), ".3f"),

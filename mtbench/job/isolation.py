@@ -21,6 +21,8 @@ from mtbench.errors import UsageError, describe_error
 from mtbench.job import signals
 from mtbench.job.run import run_job
 from mtbench.results import files as results
+from mtbench.results.reader import UnreadableSummary, read_summary
+from mtbench.results.summary import build_summary
 
 log = logging.getLogger("mtbench")
 
@@ -138,8 +140,8 @@ def _child_main(cfg: DictConfig, out_dir: Path, sender, parent_pid: int) -> None
         else:
             sender.send(("interrupted", True))
         try:
-            sender.send(("summary", results.read_summary(out_dir)))
-        except (OSError, ValueError):
+            sender.send(("summary", read_summary(out_dir)))
+        except UnreadableSummary:
             pass
     except BaseException as exc:  # an error outside the job's own try (e.g. CUDA fails to start): a result too
         sender.send(("crashed", describe_error(exc)))
@@ -234,32 +236,17 @@ def _summary_of_dead_job(cfg: DictConfig, out_dir: Path, exitcode: Optional[int]
         failure = {"kind": "error", "message": f"the job's process exited with code {exitcode} before writing its results"}
     spec = JobSpec.from_cfg(cfg)
     started = messages.get("started") or {}
-    unavailable = {k: DIED for k in ("cpu_util_pct", "gpu_util_pct", "power_w", "energy_j", "mem_peak_bytes")}
-    summary: Dict[str, Any] = {
-        "schema": results.SCHEMA,
-        "model": spec.model,
-        "batch_size": spec.batch_size,
-        "device": started.get("device", spec.device),
-        "data": messages.get("data", "unknown"),
-        "success": False,
-        "failure": failure,
-        "warmup_steps": spec.warmup,
-        "measured_steps": 0,
-        "step_time_s": None,
-        "throughput_samples_per_s": None,
-        "cpu_util_pct": None,
-        "gpu_util_pct": None,
-        "power_w": None,
-        "energy_j": None,
-        "unavailable": unavailable,
-        "mem_peak_bytes": None,
-        "mem_peak_source": None,
-        "target": cfg.get("target", {}).get("name", "none"),
-        "budget_bytes": cfg.get("target", {}).get("memory_budget_bytes"),
-        "sampler": {"interval_ms": cfg.sampler.interval_ms, "samples": 0},
-        "env": started.get("env") or env.host(),
-        "config": OmegaConf.to_container(cfg, resolve=True),
-    }
+    summary = build_summary(
+        model=spec.model, batch_size=spec.batch_size, device=started.get("device", spec.device),
+        data=messages.get("data", "unknown"), failure=failure, warmup_steps=spec.warmup, durations_s=[],
+        figures={}, reasons={}, null_reason=DIED,
+        job={
+            "target": cfg.get("target", {}).get("name", "none"),
+            "budget_bytes": cfg.get("target", {}).get("memory_budget_bytes"),
+            "sampler": {"interval_ms": cfg.sampler.interval_ms, "samples": 0},
+            "env": started.get("env") or env.host(),
+            "config": OmegaConf.to_container(cfg, resolve=True),
+        })
     try:
         results.write_summary(out_dir, summary)
     except OSError as exc:

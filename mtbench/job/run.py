@@ -25,6 +25,7 @@ from mtbench.job import signals
 from mtbench.job.lock import DeviceLock
 from mtbench.planning.planner import Planner
 from mtbench.results import files as results
+from mtbench.results.summary import build_summary
 from mtbench.sampling import Sampler, SensorUnavailable, open_sensors, windows
 from mtbench.sampling.process import ProcessSampler, SamplerError
 from mtbench.workload.base import MAX_PREPARED_BATCHES, SetupContext, Workload
@@ -161,53 +162,41 @@ class Job:
 
     def summary(self, samples) -> Dict[str, Any]:
         spec = self.spec
-        total_time = sum(self.durations)
         units = self.workload.units_per_sample() if self.workload is not None else {}
-        throughput = spec.batch_size * len(self.durations) / total_time if total_time > 0 else None
-        telemetry = windows.summarize(samples, self.sampler.marks, self.interval_ms) if samples is not None else {
-            "unavailable": {k: self.no_samples_reason for k in ("cpu_util_pct", "gpu_util_pct", "power_w", "energy_j",
-                                                                "mem_system_peak_bytes")}}
-        summary: Dict[str, Any] = {
-            "schema": results.SCHEMA,
-            "model": spec.model,
-            "batch_size": spec.batch_size,
-            "device": str(self.device),
-            "data": self.data_label,
-            "success": self.failure is None,
-            "failure": self.failure,
-            "warmup_steps": spec.warmup,
-            "measured_steps": len(self.durations),
-            "step_time_s": results.stats(self.durations),
-            "throughput_samples_per_s": throughput,
-            "throughput_units_per_s": {k: v * throughput for k, v in units.items()} if throughput else {},
-            "cpu_util_pct": telemetry.get("cpu_util_pct"),
-            "process_cpu_pct": telemetry.get("process_cpu_pct"),
-            "gpu_util_pct": telemetry.get("gpu_util_pct"),
-            "power_w": telemetry.get("power_w"),
-            "energy_j": telemetry.get("energy_j"),
-            "unavailable": {**telemetry["unavailable"],
-                            **({"mem_breakdown_bytes": self.breakdown_reason} if self.breakdown is None else {})},
-            **self.mem,
-            # memory in use on the whole machine (MemTotal - MemAvailable): on a Jetson, whose GPU shares the
-            # DRAM, the figure the paper reports (tegrastats "RAM")
-            "mem_system_peak_bytes": telemetry.get("mem_system_peak_bytes"),
-            "mem_runtime_bytes": self.runtime_bytes,
-            "mem_breakdown_bytes": self.breakdown,
-            "mem_fragmentation_bytes": fragmentation_bytes(self.mem),
-            "target": self.target.name,
-            **self.budget,
-            "parameters": self.parameters,
-            "cudnn_benchmark": self.cudnn_benchmark,
-            "memory_plan": self.planner.summary(self.mem),
-            "sampler": {**(self.sampler.stats() if self.sampler else {}), "sensors": self.sensor_status},
-            "env": env.describe(self.device, root=str(self.cfg.sampler.get("sysfs_root", "/"))),
-            "config": OmegaConf.to_container(self.cfg, resolve=True),
-        }
+        telemetry = windows.summarize(samples, self.sampler.marks, self.interval_ms) if samples is not None else {}
+        reasons = dict(telemetry.get("unavailable") or {})
+        if self.breakdown is None:
+            reasons["mem_breakdown_bytes"] = self.breakdown_reason
         if self.extra is not None:
-            summary.update(self.extra)
+            extra = self.extra
         elif self.workload is not None:  # the job ended before its breakdown step: its steps are the last ones
-            summary.update(self.workload.extra_metrics(len(self.durations)))
-        return summary
+            extra = self.workload.extra_metrics(len(self.durations))
+        else:
+            extra = None
+        return build_summary(
+            model=spec.model, batch_size=spec.batch_size, device=str(self.device), data=self.data_label,
+            failure=self.failure, warmup_steps=spec.warmup, durations_s=self.durations,
+            # mem_system_peak_bytes: memory in use on the whole machine (MemTotal - MemAvailable); on a Jetson,
+            # whose GPU shares the DRAM, the figure the paper reports (tegrastats "RAM")
+            figures={**telemetry, "mem_peak_bytes": self.mem.get("mem_peak_bytes"),
+                     "mem_breakdown_bytes": self.breakdown},
+            reasons=reasons,
+            null_reason=self.no_samples_reason if samples is None else "the job ended before its measured steps",
+            units_per_sample=units,
+            job={
+                **self.mem,
+                "mem_runtime_bytes": self.runtime_bytes,
+                "mem_fragmentation_bytes": fragmentation_bytes(self.mem),
+                "target": self.target.name,
+                **self.budget,
+                "parameters": self.parameters,
+                "cudnn_benchmark": self.cudnn_benchmark,
+                "memory_plan": self.planner.summary(self.mem),
+                "sampler": {**(self.sampler.stats() if self.sampler else {}), "sensors": self.sensor_status},
+                "env": env.describe(self.device, root=str(self.cfg.sampler.get("sysfs_root", "/"))),
+                "config": OmegaConf.to_container(self.cfg, resolve=True),
+            },
+            extra=extra)
 
 
 def run_job(cfg: DictConfig, out_dir: Path, notify: Optional[Callable[[str, Any], None]] = None) -> Dict[str, Any]:

@@ -1,7 +1,6 @@
 """`mtbench calibrate DIR`: trace every job of a sweep, fit the time model and the runtime memory, store them."""
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
@@ -9,6 +8,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import numpy as np
 
 from mtbench.errors import UsageError
+from mtbench.results.reader import UnreadableSummary, checked, read_summary_file
 from mtbench.predict import calibration
 from mtbench.predict.calibration import Calibration
 from mtbench.predict.trace import transient_bytes
@@ -21,9 +21,9 @@ def read_summaries(folder: Path) -> List[Dict[str, Any]]:
     out = []
     for path in sorted(folder.rglob("summary.json")):
         try:
-            s = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue
+            s = checked(read_summary_file(path, require_schema=False))  # as before: no schema key needed
+        except UnreadableSummary:
+            continue  # not a result to fit
         if s.get("success") and (s.get("step_time_s") or {}).get("median"):
             s["_path"] = str(path)
             out.append(s)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, List, Optional
+from typing import Any, Dict, List, Optional
 
 from mtbench.errors import UsageError
 from mtbench.report.figures import (fig_energy, fig_memory, fig_memory_breakdown, fig_power, fig_profile, fig_time,
@@ -22,8 +22,14 @@ def make_report(roots: Any, out: Optional[Path] = None) -> Path:
     for root in roots:
         if not root.is_dir():
             raise UsageError(f"report: {root} is not a directory; give a run or multirun folder")
-    jobs = [j for root, label in zip(roots, root_labels(roots)) for j in find_summaries(root, label)]
+    found = [find_summaries(root, label) for root, label in zip(roots, root_labels(roots))]
+    jobs = [j for js, _ in found for j in js]
+    unreadable = [u for _, us in found for u in us]
     if not jobs:
+        if unreadable:  # nothing to report: the first bad file, in one line
+            more = f"; {len(unreadable) - 1} more unreadable" if len(unreadable) > 1 else ""
+            raise UsageError(f"report: {unreadable[0]['path']}: not a readable summary.json "
+                             f"({unreadable[0]['reason']}){more}")
         raise UsageError(f"report: no summary.json under {' '.join(str(r) for r in roots)}")
     assign_boards(jobs)
     if out is None:
@@ -31,11 +37,18 @@ def make_report(roots: Any, out: Optional[Path] = None) -> Path:
     out = Path(out)
     try:
         out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise UsageError(f"report: cannot write to {out} ({exc.strerror}); give another with --out DIR") from None
-    flat = [csv_columns(j) for j in jobs]
+        _write_report(jobs, unreadable, out)
+    except OSError as exc:  # a read-only or full folder: one line, whatever file it failed on
+        raise UsageError(f"report: cannot write to {out} ({exc.strerror or exc}); give another with --out DIR") \
+            from None
+    return out
+
+
+def _write_report(jobs: List[Dict[str, Any]], unreadable: List[Dict[str, str]], out: Path) -> None:
+    flat = [csv_columns(j) for j in jobs] + [{"unreadable": u["reason"]} for u in unreadable]
     keys = list(dict.fromkeys(["job"] + [k for f in flat for k in f]))
-    rows = [[j["_dir"]] + [f.get(k) for k in keys[1:]] for j, f in zip(jobs, flat)]
+    dirs = [j["_dir"] for j in jobs] + [u["_dir"] for u in unreadable]
+    rows = [[d] + [f.get(k) for k in keys[1:]] for d, f in zip(dirs, flat)]
     atomic_write(out / "summary.csv", csv_text(keys, rows))
     groups = by_model(jobs)
     others = [j for j in jobs if not has_batch(j)]  # mtbench-sample runs: no batch axis
@@ -45,8 +58,7 @@ def make_report(roots: Any, out: Optional[Path] = None) -> Path:
                                                                                     fig_memory(groups, out)]
         figures.append(fig_memory_breakdown(groups, out))
     figures += [f for f in (fig_profile(j, Path(j["_root"]), out) for j in jobs if j.get("profiled")) if f]
-    atomic_write(out / "README.md", readme(jobs, figures))
-    return out
+    atomic_write(out / "README.md", readme(jobs, figures, unreadable))
 
 
 def default_out(roots: List[Path]) -> Path:

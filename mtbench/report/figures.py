@@ -53,7 +53,7 @@ def _lines(ax, groups, metric: Callable[[Dict[str, Any]], Optional[float]], ylab
         if mark_failed:
             for j in js:
                 if not j.get("success"):
-                    kind = (j.get("failure") or {}).get("kind", "failed")
+                    kind = str((j.get("failure") or {}).get("kind") or "failed")
                     ax.axvline(j["batch_size"], color="red", alpha=0.25, lw=6)
                     ax.annotate(f"{model}: {kind.upper()}", (j["batch_size"], 0.02), xycoords=("data", "axes fraction"),
                                 rotation=90, fontsize=8, color="red", va="bottom", ha="right")
@@ -212,7 +212,7 @@ def fig_memory_breakdown(groups, out: Path) -> str:
             bottom = [b + v for b, v in zip(bottom, vals)]
         for x, j in enumerate(js):
             if not j.get("success"):  # e.g. over the target's budget: the breakdown says why
-                kind = (j.get("failure") or {}).get("kind", "failed")
+                kind = str((j.get("failure") or {}).get("kind") or "failed")
                 ax.annotate(kind.upper(), (x, bottom[x]), ha="center", va="bottom", fontsize=8, color="red")
         missing = [str(j["batch_size"]) for j in groups[model] if not j.get("mem_breakdown_bytes")]
         if missing:

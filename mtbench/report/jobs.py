@@ -1,35 +1,35 @@
 """The jobs of one or several result folders: their summaries, keyed by board and grouped per model."""
 from __future__ import annotations
 
-import json
 import os
 from collections import defaultdict
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from mtbench.errors import UsageError
+from mtbench.results.reader import UnreadableSummary, read_checked
 
 NOT_MEASURED = "not measured on this machine"  # a metric's text where a machine did not measure it
 
 
-def find_summaries(root: Path, label: str = "") -> List[Dict[str, Any]]:
-    """Every job under root; `_dir` is its folder relative to root, under `label` when several roots are merged."""
-    jobs = []
+def find_summaries(root: Path, label: str = "") -> Tuple[List[Dict[str, Any]], List[Dict[str, str]]]:
+    """Every job under root, and every summary.json there that cannot be read ([{"_dir", "reason"}]). A job's `_dir`
+    is its folder relative to root, under `label` when several roots are merged; a field of the wrong type in a
+    readable summary is null, its reason in `unavailable` and `_unreadable` (results/reader.py `checked`)."""
+    jobs, unreadable = [], []
     for path in sorted(root.rglob("summary.json")):
         if "report" in path.relative_to(root).parts[:-1]:
             continue
+        rel = str(path.parent.relative_to(root))
+        where = "/".join(p for p in (label, "" if rel == "." else rel) if p) or "."
         try:
-            summary = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError) as exc:
-            raise UsageError(f"{path}: not a readable summary.json ({exc})") from None
-        if str(summary.get("schema", "")).startswith("mtbench.summary/"):
-            rel = str(path.parent.relative_to(root))
-            summary["_dir"] = "/".join(p for p in (label, "" if rel == "." else rel) if p) or "."
-            summary["_root"] = str(root)
-            summary["_rel"] = rel
-            summary["_source"] = label
-            jobs.append(summary)
-    return jobs
+            summary = read_checked(path)
+        except UnreadableSummary as exc:
+            unreadable.append({"_dir": where, "path": str(path), "reason": exc.reason})
+            continue
+        summary.update(_dir=where, _root=str(root), _rel=rel, _source=label)
+        jobs.append(summary)
+    return jobs, unreadable
 
 
 def root_labels(roots: List[Path]) -> List[str]:

@@ -1,9 +1,10 @@
 """The tables of a report: README.md's job and board tables and summary.csv's columns."""
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Sequence
 
 from mtbench.results.console import cpu_by_core_type, core_types_line
+from mtbench.results.reader import unreadable_text
 from mtbench.report.jobs import NOT_MEASURED, board_of, board_source, boards, flatten, has_batch, value_at
 
 
@@ -16,7 +17,9 @@ def plan_cell(job: Dict[str, Any]) -> str:
     return ("auto: " if plan.get("setting") == "auto" else "") + " -> ".join(str(x) for x in labels)
 
 
-def readme(jobs: List[Dict[str, Any]], figures: List[str]) -> str:
+def readme(jobs: List[Dict[str, Any]], figures: List[str], unreadable: Sequence[Dict[str, str]] = ()) -> str:
+    """README.md: a row per job (a summary.json that cannot be read: a row that says so and why), the boards,
+    the failed jobs, the figures."""
     def cell(v: Optional[float], spec: str) -> str:
         return "n/a" if v is None else format(v, spec)
 
@@ -27,7 +30,9 @@ def readme(jobs: List[Dict[str, Any]], figures: List[str]) -> str:
     lines = ["# mtbench report", "", f"{len(jobs)} job(s). n/a: {NOT_MEASURED} (or the job failed).", "",
              "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for j in jobs:
-        result = "ok" if j.get("success") else f"**{(j.get('failure') or {}).get('kind', 'failed')}**"
+        result = "ok" if j.get("success") else f"**{(j.get('failure') or {}).get('kind') or 'failed'}**"
+        if j.get("_unreadable"):
+            result += f" (**unreadable**: {', '.join(j['_unreadable'])})"
         mem = value_at(j, "mem_peak_bytes")
         by_type = cpu_by_core_type(j)
         row = [f"| {j['_dir']}", str(j.get("model")), str(j.get("batch_size")), str(j.get("device")),
@@ -38,6 +43,8 @@ def readme(jobs: List[Dict[str, Any]], figures: List[str]) -> str:
         row += [cell(value_at(j, "gpu_util_pct", "mean"), ".1f"), cell(value_at(j, "energy_j", "per_step_mean"), ".3f"),
                 cell(mem / 2**20 if mem else None, ".1f"), plan_cell(j)]
         lines.append(" | ".join(row) + " |")
+    for u in unreadable:
+        lines.append(" | ".join([f"| {u['_dir']}"] + [""] * 5 + ["**unreadable**"] + [""] * (len(columns) - 7)) + " |")
     lines += ["", "## Boards", "", "| board | jobs | named from | L4T | power mode |", "|---|---|---|---|---|"]
     for board in boards(jobs):
         js = [j for j in jobs if (j.get("_board") or board_of(j)) == board]
@@ -52,6 +59,11 @@ def readme(jobs: List[Dict[str, Any]], figures: List[str]) -> str:
     if failed:
         lines += ["", "## Failed jobs", ""] + [f"- {j['_dir']}: {(j.get('failure') or {}).get('kind')}: "
                                                 f"{(j.get('failure') or {}).get('message')}" for j in failed]
+    bad = [(u["_dir"], u["reason"]) for u in unreadable] + [(j["_dir"], unreadable_text(j)) for j in jobs
+                                                             if j.get("_unreadable")]
+    if bad:
+        lines += ["", "## Unreadable summaries", "", "A summary.json that is not one is a row of its own; a field of "
+                  "the wrong type is n/a in the tables and figures.", ""] + [f"- {d}: {why}" for d, why in bad]
     lines += ["", "## Figures", ""] + [f"![{f}]({f})" for f in figures]
     return "\n".join(lines) + "\n"
 
@@ -73,6 +85,8 @@ def csv_columns(job: Dict[str, Any]) -> Dict[str, Any]:
     """One summary.csv row: the board, every scalar of summary.json, and the CPU % per core type where known."""
     row = {"board": job.get("_board") or board_of(job)}
     row.update(flatten({k: v for k, v in job.items() if not k.startswith("_")}))
+    if job.get("_unreadable"):
+        row["unreadable"] = unreadable_text(job)
     for g in cpu_by_core_type(job) or []:
         if g["type"] is not None:
             row[f"cpu_util_pct.by_type.{g['type']}"] = None if g["pct"] is None else round(g["pct"], 3)

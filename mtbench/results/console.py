@@ -51,12 +51,15 @@ def print_summary(summary: Dict[str, Any], out_dir: str, compact: bool = False) 
     typed = f"  {core_types_line(by_type)}" if by_type else ""
     table.add_row("CPU util", f"{_num(cpu.get('mean'), '.1f', ' %')}{typed}  per core [{per_core}]")
     gpu = summary.get("gpu_util_pct")
-    table.add_row("GPU util", _num(gpu.get("mean"), ".1f", " %") if gpu else "not measured on this machine")
+    table.add_row("GPU util", escape(_num(gpu.get("mean"), ".1f", " %") if gpu else why_null(summary, "gpu_util_pct")))
     power = summary.get("power_w")
-    table.add_row("power", ", ".join(f"{k} {v:.2f} W" for k, v in power.items() if v is not None)
-                  if power else "not measured on this machine")
+    table.add_row("power", escape(", ".join(f"{k} {v:.2f} W" for k, v in power.items() if v is not None)
+                                  if power else why_null(summary, "power_w")))
     energy = summary.get("energy_j")
-    table.add_row("energy/step", _num(energy.get("per_step_mean"), ".3f", " J") if energy else "not measured on this machine")
+    per_step = energy.get("per_step_mean") if energy else None
+    table.add_row("energy/step", escape(_num(per_step, ".3f", " J") if per_step is not None
+                                        else (why_null(summary, "energy_j.total", "n/a") if energy
+                                                     else why_null(summary, "energy_j"))))
     table.add_row("peak memory", f"{fmt_bytes(summary.get('mem_peak_bytes'))} ({summary.get('mem_peak_source')})")
     table.add_row("memory breakdown", breakdown_line(summary))
     if summary.get("mem_fragmentation_bytes") is not None:
@@ -66,6 +69,21 @@ def print_summary(summary: Dict[str, Any], out_dir: str, compact: bool = False) 
                                 f"({summary.get('budget_enforced_by')})")
     table.add_row("results", str(out_dir))
     console.print(table)
+
+
+NOT_MEASURED = "not measured on this machine"
+
+
+def why_null(summary: Dict[str, Any], key: str, default: str = NOT_MEASURED) -> str:
+    """Why a figure is null, from the reason summary.json records: "not measured on this machine" where no sensor
+    in use gives it (or no reason is recorded), else "n/a (<the reason>)": e.g. rails that were sampled but whose
+    samples left a gap the gap rule does not allow."""
+    reason = (summary.get("unavailable") or {}).get(key)
+    if not reason:
+        return default
+    if str(reason).startswith("no sensor in use gives it"):
+        return NOT_MEASURED
+    return f"n/a ({reason})"
 
 
 # env.CPU_PARTS' core types as NVIDIA's data sheets and the paper name them (cortex-a57 -> A57)

@@ -84,11 +84,6 @@ def write_summary(out_dir: Path, summary: Dict[str, Any]) -> Path:
     return path
 
 
-def read_summary(out_dir: Path) -> Dict[str, Any]:
-    """The summary.json in `out_dir` (OSError if absent, ValueError if not JSON)."""
-    return json.loads((Path(out_dir) / "summary.json").read_text())
-
-
 def write_steps(out_dir: Path, header: Sequence[str], rows: List[Sequence[Any]]) -> None:
     atomic_write(Path(out_dir) / "steps.csv", csv_text(header, rows))
 

@@ -1,0 +1,51 @@
+"""The one summary builder: the contract's dict (docs/results.md) for a finished job and for one whose process died."""
+from __future__ import annotations
+
+from typing import Any, Dict, Mapping, Optional, Sequence
+
+from mtbench.results.files import SCHEMA, stats
+
+# figures that are null with a reason in `unavailable`, never a silent null or a 0
+FIGURE_KEYS = ("cpu_util_pct", "process_cpu_pct", "gpu_util_pct", "power_w", "energy_j", "mem_peak_bytes",
+               "mem_system_peak_bytes", "mem_breakdown_bytes")
+# keys every job's summary holds beside the required ones (null where the job did not get that far)
+JOB_KEYS = ("mem_peak_source", "mem_baseline_bytes", "mem_runtime_bytes", "mem_fragmentation_bytes", "target", "budget_bytes",
+            "budget_enforced_by", "parameters", "cudnn_benchmark", "memory_plan", "sampler", "env", "config")
+
+
+def build_summary(*, model: Optional[str], batch_size: Optional[int], device: str, data: str,
+                  failure: Optional[Dict[str, str]], warmup_steps: int, durations_s: Sequence[float],
+                  figures: Mapping[str, Any], reasons: Mapping[str, str], null_reason: str,
+                  units_per_sample: Optional[Mapping[str, float]] = None, job: Optional[Mapping[str, Any]] = None,
+                  extra: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
+    """A job's summary. `figures`: the values of FIGURE_KEYS it has (the others are null); `reasons`: why a figure
+    is null, where known ({key or key.field: reason}); `null_reason`: the reason of every other null figure;
+    `job`: the JOB_KEYS it has and any other key of the job (the budget's); `extra` is added last (the workload's
+    own metrics)."""
+    measured = len(durations_s)
+    total_s = float(sum(durations_s))
+    throughput = batch_size * measured / total_s if batch_size and total_s > 0 else None
+    summary: Dict[str, Any] = {
+        "schema": SCHEMA,
+        "model": model,
+        "batch_size": batch_size,
+        "device": device,
+        "data": data,
+        "success": failure is None,
+        "failure": failure,
+        "warmup_steps": warmup_steps,
+        "measured_steps": measured,
+        "step_time_s": stats(durations_s),
+        "throughput_samples_per_s": throughput,
+        "throughput_units_per_s": {k: v * throughput for k, v in (units_per_sample or {}).items()} if throughput
+        else {},
+    }
+    summary.update({k: figures.get(k) for k in FIGURE_KEYS})
+    unavailable = dict(reasons)
+    unavailable.update({k: null_reason for k in FIGURE_KEYS if summary[k] is None and k not in unavailable})
+    summary["unavailable"] = unavailable
+    summary.update({k: None for k in JOB_KEYS})
+    summary["profiled"] = False
+    summary.update(job or {})
+    summary.update(extra or {})
+    return summary
