@@ -141,3 +141,16 @@ def test_tx2_cpu_util_grouped_by_core_type(tmp_path):
     rows = [[v for c in range(6) for v in (busy_per_s[c] * t, 100 * t)] for t in (0.0, 1.0, 2.0)]
     got = cpu_util_by_core_type(Samples(fields, [0.0, 1.0, 2.0], rows), [(0.0, 2.0)], cores)
     assert got == {"cortex-a57": {"mean": 60.0, "cpus": [0, 3, 4, 5]}, "denver2": {"mean": 15.0, "cpus": [1, 2]}}
+
+
+def test_a_jobs_summary_groups_cpu_by_core_type_on_a_tx2_tree(tmp_path, run):
+    """summary.json `cpu_util_pct.by_core_type`: the job's own procfs ticks, grouped by the board's core types."""
+    make_jetson(tmp_path, "NVIDIA Jetson TX2", TX2_RELEASE, [A57, DENVER2, DENVER2, A57, A57, A57],
+                "17000000.gp10b", 2035200)
+    s = run(["model=squeezenet", "batch=1", "steps=3", "warmup=0", "device=cpu", "sampler=procfs",
+             f"sampler.sysfs_root={tmp_path}"])
+    groups = s["cpu_util_pct"]["by_core_type"]
+    here = {str(c) for c in range(os.cpu_count() or 1)}  # this machine's cores, typed by the fake board's list
+    assert set(groups) <= {"cortex-a57", "denver2"} and groups, groups
+    assert {str(c) for g in groups.values() for c in g["cpus"]} <= here
+    assert all(g["mean"] is None or 0 <= g["mean"] <= 100 for g in groups.values())

@@ -164,6 +164,14 @@ class Job:
         spec = self.spec
         units = self.workload.units_per_sample() if self.workload is not None else {}
         telemetry = windows.summarize(samples, self.sampler.marks, self.interval_ms) if samples is not None else {}
+        described = env.describe(self.device, root=str(self.cfg.sampler.get("sysfs_root", "/")))
+        cores = (described.get("jetson") or {}).get("cpu_cores") if isinstance(described.get("jetson"), dict) else None
+        if isinstance(telemetry.get("cpu_util_pct"), dict) and cores:
+            # a TX2's 2 Denver2 and 4 Cortex-A57 cores, which the paper reports apart: tick-exact per type
+            spans = [(m.start_s, m.end_s) for m in self.sampler.marks if not m.warmup]
+            by_type = windows.cpu_util_by_core_type(samples, spans, cores)
+            if by_type is not None:
+                telemetry["cpu_util_pct"] = {**telemetry["cpu_util_pct"], "by_core_type": by_type}
         reasons = dict(telemetry.get("unavailable") or {})
         if self.breakdown is None:
             reasons["mem_breakdown_bytes"] = self.breakdown_reason
@@ -193,7 +201,7 @@ class Job:
                 "cudnn_benchmark": self.cudnn_benchmark,
                 "memory_plan": self.planner.summary(self.mem),
                 "sampler": {**(self.sampler.stats() if self.sampler else {}), "sensors": self.sensor_status},
-                "env": env.describe(self.device, root=str(self.cfg.sampler.get("sysfs_root", "/"))),
+                "env": described,
                 "config": OmegaConf.to_container(self.cfg, resolve=True),
             },
             extra=extra)
