@@ -133,23 +133,13 @@ def choose_by_probes(plans: List[MemoryPlan], budget: int,
 def job_predictor(cfg: Any, device_type: str, budget_bytes: int) -> Any:
     """A predict.Predictor for this job's own config (no Hydra compose inside a running job), on the job's device
     type and with the job's budget. Raises when the predictor is missing or this torch is too old for it."""
-    from omegaconf import OmegaConf
-
-    from mtbench.predict import calibration, require_torch
+    from mtbench.predict import require_torch
     from mtbench.predict.predictor import Predictor
 
     require_torch()
-
-    class JobPredictor(Predictor):
-        def compose(self, model: Optional[str], batch: int, extra: Any = None) -> Any:
-            composed = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
-            composed.batch = batch
-            return composed
-
-    predictor = JobPredictor(target_name=str(cfg.target.name) if "target" in cfg else "none", device=device_type)
-    predictor.device = device_type
+    predictor = Predictor(target_name=str(cfg.target.name) if "target" in cfg else "none", device=device_type,
+                          job_config=cfg)
     predictor.target = dataclasses.replace(predictor.target, memory_budget_bytes=budget_bytes)
-    predictor.calibration = calibration.load(calibration.calibration_key(predictor.target.name, device_type), None)
     return predictor
 
 
@@ -157,7 +147,7 @@ def predict_plan(predictor: Any, model: str, batch: int, plan: MemoryPlan) -> An
     """The predictor's prediction of one step under `plan` (its workloads are made with the plan set)."""
     from mtbench.workload.base import default_plan
 
-    predictor._traces.clear()  # traces are cached by (model, batch): one per plan
+    predictor.clear_traces()  # traces are cached by (model, batch): one per plan
     with default_plan(plan):
         return predictor.predict(model, batch)
 

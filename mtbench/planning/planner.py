@@ -255,8 +255,7 @@ class Planner:
     # -- results ----------------------------------------------------------------------------------------------
     def summary(self, mem: Dict[str, Any]) -> Dict[str, Any]:
         choice = self.choice
-        runs = (getattr(self.workload, "_segment_runs", {}).get((self.plan.segments, self.plan.share))
-                if self.plan.segments else None)
+        runs = self.workload.runs_used(self.plan) if self.plan.segments and self.workload is not None else None
         out: Dict[str, Any] = {
             **self.plan.to_dict(),
             "segments_used": len(runs) if runs else (0 if not self.plan.segments else None),

@@ -65,6 +65,7 @@ class Predictor:
     device: str = "auto"  # "cpu", "cuda" or "auto": target none, cuda when this host has one; a board, its GPU
     overrides: Sequence[str] = ()  # further config overrides (model.workload.seq_len=128, target.memory_budget_bytes=N)
     calibration_path: Optional[str] = None  # a calibration file instead of the stored one for this target and device
+    job_config: Any = None  # a job's composed config: predict that job at other batches (the planner's use)
     _traces: Dict[Tuple[str, int], Tuple[StepTrace, str]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -80,7 +81,17 @@ class Predictor:
         key = calibration.calibration_key(self.target.name, self.device)
         self.calibration = calibration.load(key, self.calibration_path)
 
+    def clear_traces(self) -> None:
+        """Forget the cached traces (a memory plan changes what a (model, batch) trace holds)."""
+        self._traces.clear()
+
     def compose(self, model: Optional[str], batch: int, extra: Optional[Sequence[str]] = None) -> Any:
+        if self.job_config is not None:  # the job's own config, at `batch`
+            from omegaconf import OmegaConf
+
+            composed = OmegaConf.create(OmegaConf.to_container(self.job_config, resolve=True))
+            composed.batch = batch
+            return composed
         from hydra import compose, initialize_config_dir
         from hydra.errors import HydraException
 

@@ -87,6 +87,10 @@ class Workload(abc.ABC):
             cache[segments, share] = plans.partition(profile, segments, share)
         return cache[segments, share]
 
+    def runs_used(self, plan: plans.MemoryPlan) -> Optional[List[Tuple[int, int]]]:
+        """The checkpointed runs of blocks `plan` used in this workload's steps (None before a step ran under it)."""
+        return self.__dict__.get("_segment_runs", {}).get((plan.segments, plan.share))
+
     def planned_backward(self, loss_of: Callable[..., torch.Tensor], *batch: Any, batch_dim: int = 0) -> torch.Tensor:
         """loss_of(*batch).backward(), in micro-batches under a micro-batch plan (gradients accumulated; the caller
         then makes one optimizer update). loss_of must return the mean loss over the samples it is given."""
