@@ -101,8 +101,7 @@ def hold_malloc_to_live_memory() -> Dict[str, Any]:
     below it, from its heaps, which keep freed memory resident for reuse. The threshold is dynamic by default: every
     freed mapping raises it to that size (up to 32 MiB), so after a training step's first tensors are freed, tensors
     of up to 32 MiB come from the heaps, whose high-water mark then holds every hole the step's frees leave in it.
-    Measured here (ResNet-50, 32x32, batch 16, CPU): a resident peak 964 MiB above the runtime with the dynamic
-    threshold, 694 MiB with it fixed, for 615 MiB of tensors at the peak. `mallopt` fixes it (and turns the
+    (The resident peak with and without it: docs/benchmarks.md "Figures behind design choices".) `mallopt` fixes it (and turns the
     dynamic adjustment off) for the rest of the process; large tensors then cost a page fault per page every
     time they are made. Returns what was set, for summary.json, or why nothing was (not glibc)."""
     return _hold("live", {M_MMAP_THRESHOLD: MMAP_THRESHOLD_BYTES}, MMAP_THRESHOLD_BYTES,

@@ -157,7 +157,7 @@ def probe_step(workload: Any, plan: MemoryPlan, device: torch.device, runtime_by
     """Real training steps under `plan`, outside the measured steps: their peak (as the budget compares it).
 
     A first step can peak lower than the steps after it (the optimizer's state, e.g. SGD's momentum, is made at its
-    end; measured: VGG16 32x32 batch 16, CPU, 263 MB in the first step, 278 MB in the measured ones), so a plan
+    end; the figures: docs/benchmarks.md "Figures behind design choices"), so a plan
     whose first step fits `budget_bytes` takes a second step and the higher peak of the two counts."""
     from mtbench.device import budget
     from mtbench.device.peak import PeakMemory, release_memory

@@ -266,8 +266,8 @@ class _GlobalOnly:
     hook's closure holds the grad_fns it waits for, and the grad_fns hold the hook: a reference cycle. Under a
     non-reentrant checkpoint the modules run again in the backward pass, and the recomputed graph, which is never
     run backward and so never releases what it saved, then stays alive with its saved activations until Python's
-    cyclic garbage collector happens to run. The trace saw those activations as live (MobileNetV2, 32x32, batch 32,
-    recompute/auto: 563 MiB of activations at the peak instead of 111, a predicted peak above plain training's).
+    cyclic garbage collector happens to run. The trace saw those activations as live, a predicted peak above plain
+    training's (the figures: docs/benchmarks.md "Figures behind design choices").
     Known upstream: pytorch/pytorch#139214 (hooks registered again during checkpoint recomputation).
     """
 

@@ -6,8 +6,8 @@ per-core utilization is only meaningful as a tick delta over a window (a step, o
 keeps the cumulative counters and the aggregation differences them at the window edges.
 
 What one sample costs is the training's loss (the sampler preempts it 200 times a second), and it is the
-kernel's work more than Python's: on a 2-core VM under load each file read costs ~30 µs of a cold kernel path
-(each ~0.7 % of a core at 5 ms), as much as the wake-up itself. So a single process's CPU time comes from its
+kernel's work more than Python's: each file read costs about as much as the wake-up itself (the figures:
+docs/benchmarks.md "Figures behind design choices"). So a single process's CPU time comes from its
 CPU clock (clock_gettime on the process's clock id: one call, ns, all threads) rather than from formatting the
 52 fields of /proc/<pid>/stat, and only the heads of /proc/stat and /proc/meminfo that are parsed are kept.
 
