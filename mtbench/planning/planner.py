@@ -191,6 +191,10 @@ class Planner:
         if self.watch is not None and self.watch.changed():
             self.budget_bytes, self.budget_source = self._read_watched(), f"budget_file {self.watch.path}"
         if self._chooses() and self.select != "probes" and self.budget_bytes is not None:
+            if not hasattr(torch.device("meta"), "__enter__"):  # torch < 2.0 (JetPack 4's 1.13): no device context
+                self.choice = plan_select.Choice(NONE, "probes-needed", f"the predictor needs torch >= 2.5; this is "
+                                                                        f"torch {torch.__version__}")
+                return
             from mtbench.config import instantiate
 
             with torch.device("meta"):  # what the workload can run, without allocating it
