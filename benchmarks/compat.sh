@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
-# The test suite on JetPack 5.1's software: Python 3.8, torch 2.0.1, torchvision 0.15.2 (NVIDIA's JetPack 5.1
-# wheels are torch 2.0/2.1; these are the same releases from PyPI, for x86-64).
+# The test suite on an old board's software, from PyPI's x86-64 builds of the same releases:
+#   COMPAT_SET=jp5 (default)  Python 3.8, torch 2.0.1, torchvision 0.15.2: JetPack 5.1 (NVIDIA's wheels are torch 2.0/2.1)
+#   COMPAT_SET=tx2            Python 3.8, torch 1.13.1, torchvision 0.14.1: a TX2 or Nano on JetPack 4.6 with a
+#                             community torch 1.13 wheel (docs/jetson.md, "The TX2 route")
 #
 #   benchmarks/compat.sh            make the venv (once) and run the whole suite in it
 #   benchmarks/compat.sh install    only make / update the venv
 #   benchmarks/compat.sh test [PYTEST ARGS...]   only run the tests (e.g. `test tests/test_runner.py -x`)
 #
-# Knobs (environment): COMPAT_PYTHON (a Python 3.8 interpreter; default: python3.8 on PATH, else pyenv's 3.8),
-# COMPAT_VENV (default build/compat-venv; build/ is git-ignored). The Linux torch 2.0.1 wheel pulls the
-# nvidia-* CUDA 11.7 libraries from PyPI: about 4.7 GB in the venv. The tests that need a newer torch
-# (the memory tracker, the predictor) skip there with the reason.
+# Knobs (environment): COMPAT_SET (above), COMPAT_PYTHON (a Python 3.8 interpreter; default: python3.8 on PATH,
+# else pyenv's 3.8), COMPAT_VENV (default build/compat-venv for jp5, build/compat-venv-tx2 for tx2; build/ is
+# git-ignored). The Linux torch wheels pull the nvidia-* CUDA libraries from PyPI: about 4.7 GB in the venv. The
+# tests that need a newer torch (the memory tracker, the predictor; on 1.13 also FLOP counts) skip there with the
+# reason.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -20,7 +23,13 @@ case "$stage" in
     *) echo "compat.sh: error: stage '$stage' is not known; allowed: all, install, test" >&2; exit 2 ;;
 esac
 
-venv="${COMPAT_VENV:-build/compat-venv}"
+compat_set="${COMPAT_SET:-jp5}"
+case "$compat_set" in
+    jp5) torch_pins="torch==2.0.1 torchvision==0.15.2"; default_venv=build/compat-venv ;;
+    tx2) torch_pins="torch==1.13.1 torchvision==0.14.1"; default_venv=build/compat-venv-tx2 ;;
+    *) echo "compat.sh: error: COMPAT_SET='$compat_set' is not known; allowed: jp5, tx2" >&2; exit 2 ;;
+esac
+venv="${COMPAT_VENV:-$default_venv}"
 is_py38() { "$1" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 8))' 2>/dev/null; }
 python="${COMPAT_PYTHON:-}"
 if [ -z "$python" ]; then
@@ -38,8 +47,9 @@ if [ "$stage" != test ]; then
     start=$(date +%s)
     [ -x "$venv/bin/python" ] || "$python" -m venv "$venv"
     "$venv/bin/python" -m pip install --quiet --upgrade pip
-    # torch and torchvision in one command, as JetPack's pair; numpy < 2: torch 2.0 was built against numpy 1.x
-    "$venv/bin/python" -m pip install --quiet torch==2.0.1 torchvision==0.15.2 'numpy<2'
+    # torch and torchvision in one command, as JetPack's pair; numpy < 2: torch 1.13 and 2.0 were built against 1.x
+    # shellcheck disable=SC2086
+    "$venv/bin/python" -m pip install --quiet $torch_pins 'numpy<2'
     "$venv/bin/python" -m pip install --quiet -e '.[test]'
     echo "compat.sh: venv $venv ready in $(( $(date +%s) - start )) s"
 fi

@@ -162,19 +162,7 @@ def test_old_torch_ends_in_one_line(monkeypatch, capsys):
     assert "needs torch >= 2.5" in err and "\n" not in err
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("model, batch", [("squeezenet", 8), ("resnet50", 8)])
-def test_cuda_prediction_against_max_memory_allocated(model, batch, run):
-    """On a GPU: the predicted allocator peak (traced on fake CUDA tensors) against a real job's
-    max_memory_allocated over its measured steps (cuDNN workspaces are allocated too: within 10 %)."""
-    from mtbench.predict.predictor import Predictor
-
-    measured = run([f"model={model}", f"batch={batch}", "device=cuda", "warmup=1", "steps=2"])
-    assert measured["success"] and measured["mem_peak_source"] == "cuda_allocator"
-    p = Predictor(target_name="none", device="cuda").predict(model, batch)
-    assert p.traced == "fake tensors on cuda"
-    assert abs(p.tensors_bytes - measured["mem_peak_bytes"]) / measured["mem_peak_bytes"] < 0.10
-    assert p.allocator_reserved_bytes >= p.tensors_bytes
+# the CUDA prediction against max_memory_allocated is in tests/test_cuda.py, in a fresh process
 
 
 def test_max_batch_is_the_largest_that_fits(tmp_path, monkeypatch):

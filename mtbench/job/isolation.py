@@ -6,11 +6,13 @@ import logging
 import math
 import multiprocessing
 import os
+import re
 import signal
+import stat
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -91,7 +93,7 @@ def run_isolated(cfg: DictConfig, out_dir: Path, timing: Optional[Dict[str, floa
             messages["terminated"] = interrupted.signum
         elif interrupted is not None:
             messages["interrupted"] = True
-        summary = _summary_of_dead_job(cfg, out_dir, child.exitcode, messages, oom_before.since())
+        summary = _summary_of_dead_job(cfg, out_dir, child.exitcode, messages, oom_before.since(child.pid))
     if interrupted is not None:
         raise interrupted
     if messages.get("interrupted"):
@@ -163,23 +165,114 @@ def signal_name(number: int) -> str:
         return f"signal {number}"
 
 
+KMSG = "/dev/kmsg"  # the kernel log, one record a read (root, or CAP_SYSLOG)
+KMSG_MAX_BYTES = 4 * 2**20  # the log's ring buffer is 128 KiB - 1 MiB on these kernels
+# The OOM killer's lines naming its victim: 4.9 (L4T 32) says "Out of memory: Kill process 4242 (python3) score 873
+# or sacrifice child" and then "Killed process 4242 (python3) total-vm:...", 5.x "Out of memory: Killed process
+# 4242 (python3) total-vm:..." ("Memory cgroup out of memory: ..." inside a cgroup)
+KMSG_KILL = re.compile(rb"\bKill(?:ed)? process (\d+) \(")
+NOT_COUNTED = "the OOM killer is possible, this kernel does not count its kills"
+
+
 class OomKills:
     """Kills by the kernel's OOM killer while a job ran, from the job's own memory cgroup (v2 memory.events,
     v1 memory.oom_control: each counts the kills of its processes, by the global OOM killer too); only the
-    machine-wide count in /proc/vmstat where no cgroup file is readable (then it cannot say whose)."""
+    machine-wide count in /proc/vmstat where no cgroup file is readable (then it cannot say whose). Where the
+    kernel counts no kills (4.9, L4T 32: oom_kill came in 4.13), the kernel log names the killed pid: its records
+    after this object was made are searched for the job's pid (`kmsg_path`, else KMSG, for tests)."""
 
-    def __init__(self) -> None:
+    def __init__(self, kmsg_path: Optional[str] = None) -> None:
         self.path = _memcg_oom_file()
         self.before = _read_oom_kill(self.path) if self.path else None
         self.machine_before = _read_oom_kill("/proc/vmstat")
+        self.kmsg_path = kmsg_path or KMSG
+        # the log's last record now (only where the kernel counts no kills): an older kill of a pid that the job's
+        # process reuses does not count
+        counted = self.before is not None or self.machine_before is not None
+        records = None if counted else _read_kmsg(self.kmsg_path)
+        self.kmsg_after: Optional[int] = max((seq for seq, _ in records), default=-1) if records is not None else None
 
-    def since(self) -> Dict[str, Any]:
-        """{"own": kills in the job's cgroup or None, "machine": kills on the machine or None, "file": ...}"""
+    def since(self, pid: Optional[int] = None) -> Dict[str, Any]:
+        """{"own": kills in the job's cgroup or None, "machine": kills on the machine or None, "file": ...,
+        "counted": whether this kernel counts kills, "kmsg": the log's line naming `pid` as killed, "" where the
+        log is read and names none, None where it is not read}"""
         own = _read_oom_kill(self.path) if self.path else None
         machine = _read_oom_kill("/proc/vmstat")
+        kmsg: Optional[str] = None
+        if pid is not None and self.kmsg_after is not None:
+            records = _read_kmsg(self.kmsg_path)
+            if records is not None:
+                named = [text for seq, text in records
+                         if seq > self.kmsg_after and any(int(m) == pid for m in KMSG_KILL.findall(text))]
+                # 4.9's "Kill process" names the process chosen; its "Killed process" line the one killed
+                named.sort(key=lambda text: b"Killed process" not in text)
+                kmsg = named[0].decode("utf-8", "replace") if named else ""
         return {"own": None if own is None or self.before is None else own - self.before,
                 "machine": None if machine is None or self.machine_before is None else machine - self.machine_before,
-                "file": self.path}
+                "file": self.path, "counted": self.before is not None or self.machine_before is not None,
+                "kmsg": kmsg, "kmsg_file": self.kmsg_path}
+
+
+def killed_failure(exitcode: int, oom_kills: Dict[str, Any]) -> Dict[str, Any]:
+    """The failure of a job whose process a signal ended (`exitcode` < 0): "oom" where the job's cgroup counter
+    or the kernel log says the OOM killer did it, else "killed" with what can be said."""
+    name = signal_name(-exitcode)
+    if exitcode == -signal.SIGKILL and oom_kills.get("own"):
+        return {"kind": "oom", "message": f"the job's process was killed by the kernel's OOM killer ({name}; "
+                                          f"oom_kill in {oom_kills['file']} rose by {oom_kills['own']} while it ran)"}
+    if exitcode == -signal.SIGKILL and oom_kills.get("kmsg"):
+        return {"kind": "oom", "message": f"the job's process was killed by the kernel's OOM killer ({name}; the "
+                                          f"kernel log {oom_kills['kmsg_file']} says: {oom_kills['kmsg'][:200]})"}
+    failure = {"kind": "killed", "message": f"the job's process was killed by signal {-exitcode} ({name})"}
+    if exitcode != -signal.SIGKILL or oom_kills.get("own") is not None:
+        return failure
+    if oom_kills.get("machine"):
+        failure["message"] += (f"; the OOM killer killed {oom_kills['machine']} process(es) on this machine "
+                               "meanwhile (/proc/vmstat), possibly this one: no cgroup counter says whose")
+    elif oom_kills.get("kmsg") == "":
+        failure["message"] += f"; the kernel log {oom_kills['kmsg_file']} names no OOM kill of its pid"
+    elif oom_kills.get("counted") is False:
+        failure["message"] = (f"the job's process was killed by signal {-exitcode} ({name}; {NOT_COUNTED}, and "
+                              f"its log {oom_kills.get('kmsg_file')} could not be read)")
+    return failure
+
+
+def _read_kmsg(path: str) -> Optional[List[Tuple[int, bytes]]]:
+    """The kernel log's records as (sequence number, text); None where it cannot be read (not root, a container
+    without it, a link). /dev/kmsg gives one record a read and EAGAIN at its end; a regular file (tests) its
+    lines, in the same "priority,sequence,microseconds,flags;text" form."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return None
+    chunks: List[bytes] = []
+    try:
+        mode = os.fstat(fd).st_mode
+        if not (stat.S_ISCHR(mode) or stat.S_ISREG(mode)):
+            return None
+        total = 0
+        while total < KMSG_MAX_BYTES:
+            try:
+                chunk = os.read(fd, 8192)  # a record is at most ~1 KiB: one read, one record
+            except BlockingIOError:  # the end of the log
+                break
+            except BrokenPipeError:  # a record was overwritten while being read: the next one follows
+                continue
+            if not chunk:
+                break
+            chunks.append(chunk)
+            total += len(chunk)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    records = []
+    for line in b"".join(chunks).split(b"\n"):
+        head, sep, text = line.partition(b";")
+        fields = head.split(b",")
+        if sep and len(fields) >= 3 and fields[1].isdigit():  # continuation lines (" KEY=value") have no ";"-head
+            records.append((int(fields[1]), text))
+    return records
 
 
 def _memcg_oom_file() -> Optional[str]:
@@ -223,15 +316,7 @@ def _summary_of_dead_job(cfg: DictConfig, out_dir: Path, exitcode: Optional[int]
         failure = {"kind": "oom" if is_oom_text(messages["crashed"]) else "error",
                    "message": messages["crashed"]}
     elif exitcode is not None and exitcode < 0:
-        name = signal_name(-exitcode)
-        if exitcode == -signal.SIGKILL and oom_kills["own"]:
-            failure = {"kind": "oom", "message": f"the job's process was killed by the kernel's OOM killer ({name}; "
-                                                 f"oom_kill in {oom_kills['file']} rose by {oom_kills['own']} while it ran)"}
-        else:
-            failure = {"kind": "killed", "message": f"the job's process was killed by signal {-exitcode} ({name})"}
-            if exitcode == -signal.SIGKILL and oom_kills["own"] is None and oom_kills["machine"]:
-                failure["message"] += (f"; the OOM killer killed {oom_kills['machine']} process(es) on this machine "
-                                       "meanwhile (/proc/vmstat), possibly this one: no cgroup counter says whose")
+        failure = killed_failure(exitcode, oom_kills)
     else:
         failure = {"kind": "error", "message": f"the job's process exited with code {exitcode} before writing its results"}
     spec = JobSpec.from_cfg(cfg)

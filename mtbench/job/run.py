@@ -17,7 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 from mtbench.config import JobSpec, instantiate, setting
 from mtbench.data.base import DataSource
 from mtbench.device import env, peak as memory
-from mtbench.device.oom import is_oom
+from mtbench.device.oom import is_oom, oom_message
 from mtbench.device.select import resolve_device
 from mtbench.device.timing import timed_step
 from mtbench.errors import UsageError, describe_error
@@ -249,7 +249,7 @@ def _run_locked(job: Job) -> Dict[str, Any]:
         raise
     except BaseException as exc:  # noqa: B902 - every failure of the job is a result, not a crash
         kind = "oom" if is_oom(exc) else "error"
-        job.failure = {"kind": kind, "message": describe_error(exc)}
+        job.failure = {"kind": kind, "message": oom_message(describe_error(exc), not job.durations)}
         log.debug("job failed", exc_info=True)
     finally:
         # a second Ctrl-C or SIGTERM (or the one a parent forwards) waits until the results are written and

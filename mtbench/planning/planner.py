@@ -4,6 +4,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import sys
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -11,6 +12,7 @@ import torch
 
 from mtbench.device.budget import apply_budget, budget_failure, release_budget, target_from_cfg
 from mtbench.device import peak
+from mtbench.device.select import sync
 from mtbench.device.targets import Target
 from mtbench.config import setting
 from mtbench.errors import UsageError
@@ -88,7 +90,15 @@ class Planner:
         if self.settings.plan == "auto" and self.budget_bytes is None and self.watch is None:
             raise UsageError("memory.plan=auto needs a budget; allowed: target=<board> (e.g. target=nano), "
                              "memory.budget_gb=<GiB> or memory.budget_file=<path>")
-        self.allocator = self._set_allocator_conf() if self.settings.expandable_segments else None
+        # the CUDA caching allocator's settings as they took effect (CUDA jobs only; None on CPU)
+        self.allocator: Optional[Dict[str, Any]] = None
+        device = cfg.get("device") if hasattr(cfg, "get") else None
+        if self.settings.expandable_segments and str(device.get("name", "auto") if device else "auto") != "cpu":
+            self._set_allocator_conf()
+        # an untimed step is owed before the next measured one: the plan changed after warm-up (auto's probes, a
+        # re-plan), and new shapes make cuDNN's autotuner try its algorithms inside the next step
+        self.settle_pending = False
+        self.settle_steps: List[int] = []  # the steps an untimed step ran before
         self.plan: MemoryPlan = NONE
         self.choice: Optional[plan_select.Choice] = None
         self.labels: Dict[int, str] = {}  # step index -> the plan it ran under
@@ -128,27 +138,60 @@ class Planner:
             release_budget(self.device)
 
     # -- before the model exists ------------------------------------------------------------------------------
-    def _set_allocator_conf(self) -> Dict[str, Any]:
-        """expandable_segments must be set before the CUDA caching allocator makes its first segment: through the
-        environment (read when CUDA starts in this process) and, where CUDA has started already, the allocator."""
+    def _set_allocator_conf(self) -> None:
+        """expandable_segments must be set before the CUDA caching allocator makes its first segment. Torch < 2.9
+        reads the environment when CUDA starts in this process (the job's child, before resolve_device); torch >=
+        2.9 parsed it when the library loaded in the parent, so there only the allocator-settings call of
+        `before_build` takes effect."""
         conf = os.environ.get(ALLOC_CONF, "")
         if "expandable_segments" not in conf:
             os.environ[ALLOC_CONF] = ",".join(p for p in (conf, "expandable_segments:True") if p)
-        return {"requested": True, "set_through": ALLOC_CONF}
+
+    def _apply_allocator_settings(self, device: torch.device) -> Dict[str, Any]:
+        """The allocator setting on a CUDA device, and what took effect, read back (summary.json)."""
+        requested = self.settings.expandable_segments
+        if requested and getattr(torch.cuda.get_device_properties(device), "is_integrated", False):
+            # a Jetson: the driver's virtual-memory calls behind expandable segments fail (every job would be "oom")
+            raise UsageError("memory.expandable_segments=true is not possible on an integrated GPU (a Jetson: "
+                             "the driver's virtual-memory calls fail there); allowed: memory.expandable_segments=false")
+        record: Dict[str, Any] = {"requested": requested, "set_through": ALLOC_CONF if requested else None}
+        setter = (getattr(torch._C, "_accelerator_setAllocatorSettings", None)  # torch >= 2.9
+                  or getattr(torch.cuda.memory, "_set_allocator_settings", None))  # torch 2.1-2.8
+        if requested and setter is not None:  # applies to segments made from now on
+            setter("expandable_segments:True")
+            record["set_through"] = f"{ALLOC_CONF} and the allocator-settings call"
+        getter = getattr(torch._C, "_accelerator_getAllocatorSettings", None)  # torch >= 2.9
+        if getter is not None:
+            settings = str(getter())
+            record["settings"] = settings
+            record["expandable_segments"] = "expandable_segments:true" in settings.replace(" ", "").lower()
+        else:
+            record["settings"] = None
+            record["expandable_segments"] = None
+            record["unavailable"] = (f"torch {torch.__version__} cannot read its allocator settings back (torch >= "
+                                     "2.9 can); the segments' count below says what took effect")
+        return record
+
+    def _warn_untimed_autotune(self, device: torch.device) -> None:
+        if device.type == "cuda" and int(self.cfg.get("warmup", 1)) == 0 and self.cfg.get("cudnn_benchmark", True):
+            print("mtbench: warning: warmup=0 with cudnn_benchmark=true: cuDNN tries its algorithms inside the "
+                  "first measured steps; use warmup>=1 or cudnn_benchmark=false", file=sys.stderr, flush=True)
 
     def before_build(self, device: torch.device) -> None:
         """Before the model exists and before the runtime's memory is read: the allocator setting, the watched
         budget, and (auto) the predictor's choice: its imports and caches stay in the process, so they must count
         as runtime, not as the job's training memory."""
         self.device = device
-        if self.allocator is not None and device.type == "cuda":
-            setter = getattr(torch.cuda.memory, "_set_allocator_settings", None)
-            if setter is not None:  # torch >= 2.1: applies to segments made from now on
-                setter("expandable_segments:True")
-                self.allocator["set_through"] += " and torch.cuda.memory._set_allocator_settings"
+        if device.type == "cuda":
+            self.allocator = self._apply_allocator_settings(device)
+            self._warn_untimed_autotune(device)
         if self.watch is not None and self.watch.changed():
             self.budget_bytes, self.budget_source = self._read_watched(), f"budget_file {self.watch.path}"
         if self._chooses() and self.select != "probes" and self.budget_bytes is not None:
+            if not hasattr(torch.device("meta"), "__enter__"):  # torch < 2.0 (JetPack 4's 1.13): no device context
+                self.choice = plan_select.Choice(NONE, "probes-needed", f"the predictor needs torch >= 2.5; this is "
+                                                                        f"torch {torch.__version__}")
+                return
             from mtbench.config import instantiate
 
             with torch.device("meta"):  # what the workload can run, without allocating it
@@ -188,6 +231,8 @@ class Planner:
             plan = self.choice.plan
         workload.set_memory_plan(plan)  # a plan the workload cannot run: UsageError naming what it can
         self.plan = plan
+        # the probes ran other plans' shapes last: the chosen one's settles before a measured step
+        self.settle_pending = bool(self.choice and self.choice.method == "probes")
 
     def _choose(self, workload: Any, probe: bool = True, why: Optional[str] = None) -> plan_select.Choice:
         """memory.plan=auto under the current budget (or none when there is no budget yet): the predictor, or
@@ -233,7 +278,21 @@ class Planner:
             budget = self._read_watched()
             if budget != self.budget_bytes:
                 self._replan(index, budget)
+        self._settle(index)
         self.labels[index] = self.plan.label
+
+    def _settle(self, index: int) -> None:
+        """After a plan change, one untimed step before the next measured one (a warm-up step settles by itself):
+        cuDNN's autotuner and the allocator meet the new shapes there, not inside a measured step."""
+        if not self.settle_pending or self.workload is None:
+            return
+        self.settle_pending = False
+        if index < int(self.cfg.get("warmup", 0)):
+            return
+        assert self.device is not None
+        self.workload.step()
+        sync(self.device)
+        self.settle_steps.append(index)
 
     def _replan(self, index: int, budget: Optional[int]) -> None:
         before = self.plan
@@ -246,6 +305,7 @@ class Planner:
             self.choice = self._choose(self.workload)
             self.plan = self.choice.plan
             self.workload.set_memory_plan(self.plan)
+        self.settle_pending = True  # a new plan, or the old one under a new cap: new shapes or new segments
         self.replans.append({"before_step": index, "budget_bytes": budget, "from": before.label,
                              "to": self.plan.label,
                              "chosen_because": self.choice.chosen_because if self.choice else None})
@@ -270,10 +330,28 @@ class Planner:
             "budget_source": self.budget_source,
             "considered": choice.considered if choice else [],
             "replans": self.replans,
+            "untimed_steps_before": self.settle_steps,
         }
-        if self.allocator is not None or (self.device is not None and self.device.type == "cuda"):
+        if self.allocator is not None:  # CUDA jobs only: a CPU job has no caching allocator to describe
             reserved, allocated = mem.get("mem_peak_reserved_bytes"), mem.get("mem_peak_bytes")
-            out["expandable_segments"] = bool(self.allocator)
+            segments = expandable_segment_count()
+            out["allocator"] = {**self.allocator, "segments": segments}
+            # what took effect: the allocator's own segments where it has any, else its settings read back
+            took = (segments["expandable"] > 0 if segments and segments["total"] else
+                    self.allocator.get("expandable_segments"))
+            out["expandable_segments"] = took
             out["fragmentation_bytes"] = (int(reserved) - int(allocated)
                                           if reserved is not None and allocated is not None else None)
         return out
+
+
+def expandable_segment_count() -> Optional[Dict[str, int]]:
+    """The CUDA caching allocator's segments now, and how many of them are expandable (its snapshot; torch >= 2.1
+    marks each segment `is_expandable`); None where the snapshot cannot say."""
+    try:
+        segments = torch.cuda.memory_snapshot()
+    except (RuntimeError, AttributeError):
+        return None
+    if segments and "is_expandable" not in segments[0]:
+        return None
+    return {"total": len(segments), "expandable": sum(1 for s in segments if s.get("is_expandable"))}
