@@ -323,9 +323,13 @@ def test_sigterm_to_a_sweep_keeps_the_running_jobs_summary_and_stops_it(tmp_path
     deadline = time.monotonic() + 120
     kids = []
     while not kids and time.monotonic() < deadline:
-        kids = psutil.Process(sweep.pid).children()
+        kids = [k for k in psutil.Process(sweep.pid).children() if "sampling" not in " ".join(k.cmdline())]
         time.sleep(0.05)
-    time.sleep(3.0)  # job 2 builds squeezenet and runs its steps (tens of ms each)
+    assert kids, "job 2's process never started"
+    # job 2 builds squeezenet and runs its steps (tens of ms each): wait for CPU time it spent, not wall time (a
+    # loaded machine may take seconds to build the model)
+    while kids[0].cpu_times().user < 3.0 and time.monotonic() < deadline:
+        time.sleep(0.1)
     os.killpg(sweep.pid, signal.SIGTERM)
     _, err = sweep.communicate(timeout=60)
     assert sweep.returncode == 143, err
