@@ -44,6 +44,12 @@ class Calibration:
     time_scaled: bool = False  # x_flops / x_bytes scaled by the target's peaks (else raw FLOPs and bytes)
     time_fit_mape_pct: Optional[float] = None  # on the runs it was fitted on
     time_stat: str = "median"  # the step-time statistic fitted: median, or min (the fastest measured step)
+    # the per-op-class model (mtbench.predict.opcost.FEATURES: seconds per FLOP, per byte, per op of each class),
+    # which predicts where present; time_coef stays as the whole-step fallback
+    op_coef: Optional[List[float]] = None
+    op_features: List[str] = field(default_factory=list)  # the names of op_coef's entries
+    op_fit_mape_pct: Optional[float] = None  # step time, on the runs it was fitted on
+    op_profiled_runs: int = 0  # runs whose measured per-op times (ops.csv) were fitted, beside every run's step
     # training memory that is not tensors = runtime_bytes + runtime_per_op_bytes * ops
     #                                       + runtime_per_transient_byte * transient tensor bytes at the peak
     # (transient: what the step allocates and frees, i.e. the tensors less parameters, gradients, optimizer
@@ -58,8 +64,10 @@ class Calibration:
     runs_used: List[str] = field(default_factory=list)  # "<model> b<batch>" of each run
 
     def describe(self) -> str:
+        model = (f"per-op-class model, per-op times of {self.op_profiled_runs}" if self.op_coef is not None
+                 else "whole-step model")
         return (f"calibrated on {self.runs} runs of {self.source} ({self.device_name}, {self.created[:10]}, "
-                f"{self.time_stat} step time)")
+                f"{self.time_stat} step time; {model})")
 
     def efficiencies(self) -> Dict[str, Optional[float]]:
         """The fitted fraction of peak FLOP/s and bandwidth (only where scaled by a target's peaks)."""

@@ -5,10 +5,11 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+import numpy as np
 import torch
 
 from mtbench.errors import UsageError
-from mtbench.predict import allocator, calibration
+from mtbench.predict import allocator, calibration, opcost
 from mtbench.predict.trace import StepTrace, breakdown, trace_step, transient_bytes
 
 # Training memory that is not tensors, where no calibration says otherwise. CPU: the libraries' pages a step
@@ -157,7 +158,8 @@ class Predictor:
             peak_bytes=int(peak), budget_bytes=budget, fits=None if budget is None else peak <= budget,
             flops=trace.flops, forward_flops=trace.forward_flops, bytes_moved=trace.bytes_moved, ops=trace.ops,
             roofline_s=roofline_s, step_time_s=step_s, time_note=time_note,
-            calibrated=step_s is not None and self.calibration is not None and self.calibration.time_coef is not None,
+            calibrated=step_s is not None and self.calibration is not None and (
+                self.calibration.time_coef is not None or self.calibration.op_coef is not None),
             trace_s=trace.trace_s,
         )
 
@@ -175,6 +177,8 @@ class Predictor:
         if peak_flops and bandwidth:
             roofline = max(trace.flops / peak_flops, trace.bytes_moved / bandwidth)
         cal = self.calibration
+        if cal is not None and cal.op_coef is not None and list(cal.op_features) == list(opcost.FEATURES):
+            return float(opcost.step_features(trace.op_classes) @ np.array(cal.op_coef)), roofline, cal.describe()
         if cal is not None and cal.time_coef is not None:
             if cal.time_scaled and not (peak_flops and bandwidth):
                 return None, roofline, f"the calibration is scaled by peak figures target {self.target.name} lacks"
