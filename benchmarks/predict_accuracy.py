@@ -45,7 +45,7 @@ print(wall, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, base, p.t
 """
 
 
-def run_job_child(model: str, batch: int, out_dir: str) -> None:
+def run_job_child(model: str, batch: int, out_dir: str, steps: int = 3, profile: bool = True) -> None:
     """One job through mtbench's runner in this (fresh) process, as a sweep's job; the summary also gets the
     resident memory before the model was built (mem_runtime_bytes) where the runner does not record it."""
     from hydra import compose, initialize_config_dir
@@ -57,7 +57,7 @@ def run_job_child(model: str, batch: int, out_dir: str) -> None:
 
     with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
         cfg = compose(config_name="config", overrides=[f"model={model}", f"batch={batch}", "device=cpu",
-                                                        "warmup=1", "steps=3"])
+                                                        "warmup=1", f"steps={steps}", f"profile={str(profile).lower()}"])
     import torch
 
     release_memory(torch.device("cpu"))
@@ -72,11 +72,14 @@ def run_job_child(model: str, batch: int, out_dir: str) -> None:
           f"before the model {before} B", flush=True)
 
 
-def run_sweep(models, batches, folder: Path) -> None:
-    """Each (model, batch) job in a fresh process (so that its memory before the model is its own)."""
+def run_sweep(models, batches, folder: Path, steps: int = 3, profiled=()) -> None:
+    """Each (model, batch) job in a fresh process (so that its memory before the model is its own), profiled
+    where the model is in `profiled` (the calibration models: ops.csv holds the per-op times the time model is
+    fitted on; their summaries' unprofiled reference steps are the step time); the held-out models run plain, so
+    that no profiler's time or memory is in what the predictions are compared with."""
     for i, (model, batch) in enumerate((m, int(b)) for m in models for b in batches.split(",")):
         code = f"from benchmarks.predict_accuracy import run_job_child; run_job_child({model!r}, {batch}, " \
-               f"{str(folder / f'{i}-{model}-b{batch}')!r})"
+               f"{str(folder / f'{i}-{model}-b{batch}')!r}, steps={steps}, profile={model in profiled})"
         subprocess.run([sys.executable, "-c", code], check=False, cwd=REPO,
                        env={**os.environ, "PYTHONPATH": str(REPO)})
 
