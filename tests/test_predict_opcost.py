@@ -170,3 +170,17 @@ def test_calibrate_fits_the_op_model_from_ops_csv_and_predicts_a_model_it_never_
     assert float(opcost.step_features(unseen) @ np.array(cal.op_coef)) == pytest.approx(
         float(opcost.step_features(unseen) @ TRUE_COEF), rel=1e-6)
     assert any("GFLOP/s" in line for line in report)
+
+
+def test_calibration_and_evaluation_share_no_model():
+    from mtbench.errors import UsageError
+    from mtbench.predict.fit import split_by_model
+
+    runs = [{"model": m, "batch_size": b} for m in ("alexnet", "resnet50", "xception", "vgg16") for b in (2, 8, 32)]
+    fit, test = split_by_model(runs, ["xception", "vgg16"])
+    assert {s["model"] for s in fit} == {"alexnet", "resnet50"} and {s["model"] for s in test} == {"xception", "vgg16"}
+    assert len(fit) + len(test) == len(runs)
+    with pytest.raises(UsageError, match="bert"):
+        split_by_model(runs, ["bert"])
+    with pytest.raises(UsageError, match="at least one"):
+        split_by_model(runs, ["alexnet", "resnet50", "xception", "vgg16"])

@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -161,3 +161,18 @@ def calibrate(folder: Path, target: Optional[str] = None, out: Optional[str] = N
                       f"tensors: {lo:.1f} to {hi:.1f} MiB)")
     path = calibration.save(cal, Path(out) if out else None)
     return cal, path, report
+
+
+def split_by_model(runs: List[Dict[str, Any]], held_out: Sequence[str]) -> Tuple[List[Dict[str, Any]],
+                                                                                  List[Dict[str, Any]]]:
+    """(calibration runs, evaluation runs): the runs of models in `held_out` are evaluated, every other model's
+    runs calibrate; no model is on both sides (different models, not just different batches)."""
+    held = set(held_out)
+    unknown = held - {str(s["model"]) for s in runs}
+    if unknown:
+        raise UsageError(f"held-out model(s) {', '.join(sorted(unknown))} have no run; allowed: models of the sweep")
+    fit = [s for s in runs if str(s["model"]) not in held]
+    test = [s for s in runs if str(s["model"]) in held]
+    if not fit:
+        raise UsageError("every model of the sweep is held out; keep at least one to calibrate on")
+    return fit, test
