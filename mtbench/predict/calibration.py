@@ -52,12 +52,17 @@ class Calibration:
     op_profiled_runs: int = 0  # runs whose measured per-op times (ops.csv) were fitted, beside every run's step
     # training memory that is not tensors = runtime_bytes + runtime_per_op_bytes * ops
     #                                       + runtime_per_transient_byte * transient tensor bytes at the peak
+    #                                       + runtime_per_conv_weight_byte * convolution weight bytes
     # (transient: what the step allocates and frees, i.e. the tensors less parameters, gradients, optimizer
     # state and inputs). The constant is the libraries' pages and arenas; per op, the kernels' primitives and
     # autograd's nodes; per transient byte, what the C allocator keeps of freed blocks (fragmentation).
     runtime_bytes: Optional[int] = None
     runtime_per_op_bytes: float = 0.0
     runtime_per_transient_byte: float = 0.0
+    # + runtime_per_conv_weight_byte * the step's convolution weight bytes: on a CPU oneDNN keeps the weights (and
+    # their gradients) reordered into its blocked layout, outside any tensor the trace sees (the runtime that
+    # made xception and resnet50 miss by 19-30 % when it was not a term)
+    runtime_per_conv_weight_byte: float = 0.0
     runtime_spread_bytes: Optional[List[int]] = None  # min and max of measured - tensors over the runs
     runtime_note: str = ""  # what the runtime part holds, or why it was not fitted
     schema: str = SCHEMA
@@ -125,8 +130,8 @@ def fit_nonnegative(x: np.ndarray, y: np.ndarray, scale: Optional[np.ndarray] = 
     return coef / np.maximum(np.abs(x).max(axis=0), 1e-300)
 
 
-def runtime_features(ops: float, transient_bytes: float) -> np.ndarray:
-    return np.array([1.0, float(ops), float(transient_bytes)])
+def runtime_features(ops: float, transient_bytes: float, conv_weight_bytes: float = 0.0) -> np.ndarray:
+    return np.array([1.0, float(ops), float(transient_bytes), float(conv_weight_bytes)])
 
 
 def mape_pct(pred: Sequence[float], meas: Sequence[float]) -> float:

@@ -92,7 +92,8 @@ def calibrate(folder: Path, target: Optional[str] = None, out: Optional[str] = N
         measured = measured_training_bytes(s)
         if measured is not None:
             residuals.append(measured - p.tensors_bytes)
-            mem_x.append(calibration.runtime_features(p.ops, transient_bytes(p.breakdown_bytes)))
+            conv_w = predictor.trace(model, batch)[0].op_classes.get("conv", {}).get("weight_bytes", 0.0)
+            mem_x.append(calibration.runtime_features(p.ops, transient_bytes(p.breakdown_bytes), conv_w))
             mem_total.append(measured)
         used.append(f"{model} b{batch}")
         classes = predictor.trace(model, batch)[0].op_classes
@@ -130,11 +131,12 @@ def calibrate(folder: Path, target: Optional[str] = None, out: Optional[str] = N
         op_coef=None if op_coef is None else [float(c) for c in op_coef], op_features=list(opcost.FEATURES),
         op_fit_mape_pct=op_mape, op_profiled_runs=op_profiled,
     )
-    if len(residuals) >= 4:  # a constant, per op, per transient byte: fitted on relative error, all >= 0
+    if len(residuals) >= 4:  # a constant, per op, per transient byte, per conv weight byte: relative error, all >= 0
         c = calibration.fit_nonnegative(np.array(mem_x), np.array(residuals, float),
                                         scale=np.array(mem_total, float))
         cal.runtime_bytes = int(c[0])
         cal.runtime_per_op_bytes, cal.runtime_per_transient_byte = float(c[1]), float(c[2])
+        cal.runtime_per_conv_weight_byte = float(c[3])
     elif residuals:
         cal.runtime_bytes = int(np.median(residuals))
     if residuals:
@@ -157,7 +159,8 @@ def calibrate(folder: Path, target: Optional[str] = None, out: Optional[str] = N
     if cal.runtime_bytes is not None:
         lo, hi = (v / 2**20 for v in cal.runtime_spread_bytes)
         report.append(f"runtime memory: {cal.runtime_bytes / 2**20:.1f} MiB + {cal.runtime_per_op_bytes / 1024:.1f} "
-                      f"KiB per op + {cal.runtime_per_transient_byte:.3f} per transient tensor byte (measured less "
+                      f"KiB per op + {cal.runtime_per_transient_byte:.3f} per transient tensor byte + "
+                      f"{cal.runtime_per_conv_weight_byte:.3f} per convolution weight byte (measured less "
                       f"tensors: {lo:.1f} to {hi:.1f} MiB)")
     path = calibration.save(cal, Path(out) if out else None)
     return cal, path, report

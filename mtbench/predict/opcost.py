@@ -88,7 +88,9 @@ def measured_class(name: str, device: str = "cpu") -> str:
 
 
 def empty_classes() -> Dict[str, Dict[str, float]]:
-    return {c: {"flops": 0.0, "grouped_flops": 0.0, "bytes": 0.0, "ops": 0.0} for c in CLASSES}
+    """Per class: flops, grouped_flops (convolutions with groups > 1), bytes, ops; and weight_bytes (the forward
+    convolutions' weights: what oneDNN keeps reordered copies of on a CPU, see Calibration.runtime_bytes)."""
+    return {c: {"flops": 0.0, "grouped_flops": 0.0, "bytes": 0.0, "ops": 0.0, "weight_bytes": 0.0} for c in CLASSES}
 
 
 def step_features(classes: Dict[str, Dict[str, float]]) -> np.ndarray:

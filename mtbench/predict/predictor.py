@@ -147,7 +147,7 @@ class Predictor:
             reserved: Optional[int] = peaks.reserved_bytes
         else:
             tensors, parts, reserved = trace.peak_tensor_bytes, dict(trace.breakdown_bytes), None
-        runtime, runtime_note = self._runtime(trace.ops, parts)
+        runtime, runtime_note = self._runtime(trace, parts)
         peak = (reserved if reserved is not None else tensors) + runtime
         budget = self.target.memory_budget_bytes
         step_s, roofline_s, time_note = self._time(trace)
@@ -163,11 +163,13 @@ class Predictor:
             trace_s=trace.trace_s,
         )
 
-    def _runtime(self, ops: int, parts: Dict[str, int]) -> Tuple[int, str]:
+    def _runtime(self, trace: StepTrace, parts: Dict[str, int]) -> Tuple[int, str]:
         cal = self.calibration
         if cal is not None and cal.runtime_bytes is not None:
-            runtime = (cal.runtime_bytes + cal.runtime_per_op_bytes * ops
-                       + cal.runtime_per_transient_byte * transient_bytes(parts))
+            conv_weight_bytes = trace.op_classes.get("conv", {}).get("weight_bytes", 0.0)
+            runtime = (cal.runtime_bytes + cal.runtime_per_op_bytes * trace.ops
+                       + cal.runtime_per_transient_byte * transient_bytes(parts)
+                       + cal.runtime_per_conv_weight_byte * conv_weight_bytes)
             return int(runtime), f"{cal.runtime_note}; {cal.describe()}"
         return DEFAULT_RUNTIME_BYTES[self.device], DEFAULT_RUNTIME_NOTE[self.device]
 
