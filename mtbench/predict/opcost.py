@@ -1,7 +1,8 @@
 """The per-op-class step-time model: op classes of traced aten ops and of measured ops.csv rows, features, NNLS fit."""
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence, Tuple
+import contextlib
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -201,3 +202,48 @@ def describe(coef: Sequence[float]) -> str:
         else:
             out.append(f"{name} {c * 1e3:.3g} ms")
     return ", ".join(out)
+
+
+def conv_groups(func: Any, args: Any) -> int:
+    """`groups` of aten.convolution (argument 8) and aten.convolution_backward (argument 9); 1 for others."""
+    index = {"aten::convolution": 8, "aten::convolution_backward": 9, "aten::_convolution": 8}.get(func._schema.name)
+    if index is None or len(args) <= index or not isinstance(args[index], int):
+        return 1
+    return int(args[index])
+
+
+def grouped_backward_flops(args: Any) -> int:
+    """FLOPs of aten.convolution_backward: the forward's 2 * N * |weight| * |output positions| for each gradient
+    asked for (input, weight; output_mask, argument 10), as for an ungrouped one."""
+    grad_out, inp, weight, transposed = args[0], args[1], args[2], bool(args[7])
+    mask = args[10] if len(args) > 10 else (True, True, True)
+    spatial = inp.shape[2:] if transposed else grad_out.shape[2:]
+    forward = 2 * grad_out.shape[0] * weight.numel() * _prod(spatial)
+    return forward * (int(bool(mask[0])) + int(bool(mask[1])))
+
+
+@contextlib.contextmanager
+def optimizer_marked(counter: Any) -> Iterator[None]:
+    """Marks the ops run inside any optimizer's step() (global step hooks, torch >= 2.0)."""
+    from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+    def pre(*_: Any) -> None:
+        counter.in_optimizer = True
+
+    def post(*_: Any) -> None:
+        counter.in_optimizer = False
+
+    handles = [register_optimizer_step_pre_hook(pre), register_optimizer_step_post_hook(post)]
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+        counter.in_optimizer = False
+
+
+def _prod(values: Any) -> int:
+    out = 1
+    for v in values:
+        out *= int(v)
+    return out

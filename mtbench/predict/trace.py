@@ -185,10 +185,10 @@ class _StepCounter(torch.utils._python_dispatch.TorchDispatchMode):
 
     def _count(self, func: Any, args: Any, kwargs: Any, out: Any, flops_before: int) -> Any:
         added = self.flop_counter.get_total_flops() - flops_before
-        groups = _conv_groups(func, args)
+        groups = opcost.conv_groups(func, args)
         if groups > 1 and func._schema.name == "aten::convolution_backward":
             # torch's formula counts a grouped convolution's weight gradient `groups` times over
-            fixed = _grouped_backward_flops(args)
+            fixed = opcost.grouped_backward_flops(args)
             self.flops_fix += fixed - added
             added = fixed
         if not getattr(func, "is_view", False) and func not in _METADATA_OPS:
@@ -212,44 +212,6 @@ class _StepCounter(torch.utils._python_dispatch.TorchDispatchMode):
         if torch._C._current_autograd_node() is None:
             self.forward_flops += added
         return out
-
-
-def _conv_groups(func: Any, args: Any) -> int:
-    """`groups` of aten.convolution (argument 8) and aten.convolution_backward (argument 9); 1 for others."""
-    index = {"aten::convolution": 8, "aten::convolution_backward": 9, "aten::_convolution": 8}.get(func._schema.name)
-    if index is None or len(args) <= index or not isinstance(args[index], int):
-        return 1
-    return int(args[index])
-
-
-def _grouped_backward_flops(args: Any) -> int:
-    """FLOPs of aten.convolution_backward: the forward's 2 * N * |weight| * |output positions| for each gradient
-    asked for (input, weight; output_mask, argument 10), as for an ungrouped one."""
-    grad_out, inp, weight, transposed = args[0], args[1], args[2], bool(args[7])
-    mask = args[10] if len(args) > 10 else (True, True, True)
-    spatial = inp.shape[2:] if transposed else grad_out.shape[2:]
-    forward = 2 * grad_out.shape[0] * weight.numel() * int(torch.Size(spatial).numel())
-    return forward * (int(bool(mask[0])) + int(bool(mask[1])))
-
-
-@contextlib.contextmanager
-def _optimizer_marked(counter: _StepCounter) -> Iterator[None]:
-    """Marks the ops run inside any optimizer's step() (global step hooks, torch >= 2.0)."""
-    from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
-
-    def pre(*_: Any) -> None:
-        counter.in_optimizer = True
-
-    def post(*_: Any) -> None:
-        counter.in_optimizer = False
-
-    handles = [register_optimizer_step_pre_hook(pre), register_optimizer_step_post_hook(post)]
-    try:
-        yield
-    finally:
-        for h in handles:
-            h.remove()
-        counter.in_optimizer = False
 
 
 def _zero_like_result(func: Any, args: Any) -> Any:
@@ -302,7 +264,7 @@ def trace_step(make_workload: Callable[[], Workload], ctx: SetupContext, fake: b
         inputs_bytes, state_bytes = _track_state(tracker, workload)
         counter.ops = counter.bytes_moved = counter.forward_flops = counter.flops_fix = 0
         counter.classes = opcost.empty_classes()
-        with tracker, flops, counter, _optimizer_marked(counter):
+        with tracker, flops, counter, opcost.optimizer_marked(counter):
             workload.step()
         peak = tracker.get_tracker_snapshot("peak")
     dev_snap = _device_snapshot(peak, ctx.device)
