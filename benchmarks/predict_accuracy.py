@@ -1,7 +1,11 @@
-"""Predictor accuracy and cost on this machine, side by side with measurement (issue 10).
+"""Predictor accuracy and cost on this machine, side by side with measurement (issues 10, 21).
 
-    python benchmarks/predict_accuracy.py [--sweep DIR] [--batches 2,8,32] [--models a,b,...] [--no-speed]
+    python benchmarks/predict_accuracy.py [--sweep DIR] [--batches 2,8,32] [--models a,b,...]
+        [--held-out a,b,...] [--steps 5] [--no-speed] [--maxbatch]
     python benchmarks/predict_accuracy.py --all-models   # every model at batch 8: how it traced, peak, FLOPs
+
+Calibration and evaluation are disjoint by model: the --held-out models are only predicted, the sweep's other
+models only calibrate (profiled jobs: their ops.csv gives the per-op times of the per-op-class time model).
 
 1. Runs (or, with --sweep, reuses) a CPU sweep of the 12 CNNs at batch 2, 8, 32 (warm-up 1, 3 measured steps)
    through mtbench's runner, each job in a fresh process that also records its resident memory before the
@@ -45,7 +49,7 @@ print(wall, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, base, p.t
 """
 
 
-def run_job_child(model: str, batch: int, out_dir: str) -> None:
+def run_job_child(model: str, batch: int, out_dir: str, steps: int = 3, profile: bool = True) -> None:
     """One job through mtbench's runner in this (fresh) process, as a sweep's job; the summary also gets the
     resident memory before the model was built (mem_runtime_bytes) where the runner does not record it."""
     from hydra import compose, initialize_config_dir
@@ -57,7 +61,7 @@ def run_job_child(model: str, batch: int, out_dir: str) -> None:
 
     with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
         cfg = compose(config_name="config", overrides=[f"model={model}", f"batch={batch}", "device=cpu",
-                                                        "warmup=1", "steps=3"])
+                                                        "warmup=1", f"steps={steps}", f"profile={str(profile).lower()}"])
     import torch
 
     release_memory(torch.device("cpu"))
@@ -72,11 +76,14 @@ def run_job_child(model: str, batch: int, out_dir: str) -> None:
           f"before the model {before} B", flush=True)
 
 
-def run_sweep(models, batches, folder: Path) -> None:
-    """Each (model, batch) job in a fresh process (so that its memory before the model is its own)."""
+def run_sweep(models, batches, folder: Path, steps: int = 3, profiled=()) -> None:
+    """Each (model, batch) job in a fresh process (so that its memory before the model is its own), profiled
+    where the model is in `profiled` (the calibration models: ops.csv holds the per-op times the time model is
+    fitted on; their summaries' unprofiled reference steps are the step time); the held-out models run plain, so
+    that no profiler's time or memory is in what the predictions are compared with."""
     for i, (model, batch) in enumerate((m, int(b)) for m in models for b in batches.split(",")):
         code = f"from benchmarks.predict_accuracy import run_job_child; run_job_child({model!r}, {batch}, " \
-               f"{str(folder / f'{i}-{model}-b{batch}')!r})"
+               f"{str(folder / f'{i}-{model}-b{batch}')!r}, steps={steps}, profile={model in profiled})"
         subprocess.run([sys.executable, "-c", code], check=False, cwd=REPO,
                        env={**os.environ, "PYTHONPATH": str(REPO)})
 
@@ -102,80 +109,114 @@ def all_models() -> None:
                       flush=True)
 
 
+HELD_OUT = ("densenet40", "mobilenetv2", "resnet101", "vgg19", "xception")  # evaluated; the other CNNs calibrate
+MAXBATCH_MODELS = ("resnet50", "vgg16", "mobilenetv2", "densenet40")
+
+
+def quiet() -> str:
+    """The machine's load: the 1-minute load average, also per core (a quiet machine: well under 1)."""
+    load = os.getloadavg()[0] / (os.cpu_count() or 1)
+    return f"load average {os.getloadavg()[0]:.2f} ({load:.2f} per core)"
+
+
+def maxbatch_comparison(models) -> None:
+    """Guided (predicted max batch, then probes) against the full search, both timed in this one run."""
+    from mtbench.campaign.maxbatch import probe_isolated, search, search_guided
+    from mtbench.predict.predictor import Predictor
+
+    predictor = Predictor(target_name="nano", device="cpu")
+    print(f"\nmax batch, target=nano device=cpu ({quiet()}):")
+    print(f"{'model':<12} {'full':>6} {'probes':>6} {'s':>6} {'pred':>6} {'guided':>6} {'probes':>6} {'s':>6} "
+          f"{'same':>5} {'speed-up':>8}")
+    for model in models:
+        with tempfile.TemporaryDirectory() as tmp:
+            overrides = [f"model={model}", "target=nano", "device=cpu"]
+            n = iter(range(10 ** 6))
+
+            def prober(batch: int):
+                return probe_isolated(overrides, batch, Path(tmp) / f"{next(n)}-b{batch}")
+
+            t0 = time.monotonic()
+            predicted, _ = predictor.max_batch(model, 2)
+            guided = search_guided(prober, predicted=max(1, predicted or 1), model=model)
+            guided_s = time.monotonic() - t0
+            full = search(prober, model=model)
+        same = abs(guided.max_batch - full.max_batch) <= max(1, 0.05 * full.max_batch)
+        print(f"{model:<12} {full.max_batch:>6} {len(full.probes):>6} {full.seconds:>6.0f} {predicted:>6} "
+              f"{guided.max_batch:>6} {len(guided.probes):>6} {guided_s:>6.0f} {str(same):>5} "
+              f"{full.seconds / max(guided_s, 1e-9):>7.1f}x")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sweep", help="the sweep folder: reused where it holds summaries, else the sweep runs into it")
     ap.add_argument("--batches", default="2,8,32")
     ap.add_argument("--models", default=",".join(CNNS))
+    ap.add_argument("--held-out", default=",".join(HELD_OUT),
+                    help="models evaluated (never calibrated on); the sweep's other models calibrate")
+    ap.add_argument("--steps", type=int, default=5, help="measured steps per job (their spread is printed)")
     ap.add_argument("--no-speed", action="store_true", help="skip the BERT speed check")
+    ap.add_argument("--maxbatch", action="store_true",
+                    help="also compare guided and full maxbatch (target=nano, device=cpu) for " +
+                         ", ".join(MAXBATCH_MODELS))
     ap.add_argument("--all-models", action="store_true",
                     help="only predict every model of conf/model at batch 8 for target none and tx2 (how each traced)")
     args = ap.parse_args()
 
     from mtbench.predict.calibration import load, mape_pct
-    from mtbench.predict.fit import calibrate, measured_training_bytes, read_summaries
+    from mtbench.predict.fit import calibrate, measured_training_bytes, read_summaries, split_by_model
     from mtbench.predict.predictor import Predictor
 
     if args.all_models:
         return all_models()
+    models, held_out = args.models.split(","), [m for m in args.held_out.split(",") if m]
     folder = Path(args.sweep) if args.sweep else Path(tempfile.mkdtemp(prefix="mtbench-predict-")) / "sweep"
+    print(f"before the sweep: {quiet()}")
     if not any(folder.rglob("summary.json")):
-        run_sweep(args.models.split(","), args.batches, folder)
+        run_sweep(models, args.batches, folder, steps=args.steps,
+                  profiled=[m for m in models if m not in held_out])
+    print(f"after the sweep: {quiet()}")
     runs = sorted(read_summaries(folder), key=lambda s: (s["model"], s["batch_size"]))
-    runs = [s for s in runs if s["model"] in args.models.split(",")]
-    predictor = Predictor(target_name="none", device="cpu", overrides=("warmup=1", "steps=3"))  # as the sweep ran
+    runs = [s for s in runs if s["model"] in models]
+    fit_runs, test_runs = split_by_model(runs, [m for m in held_out if any(s["model"] == m for s in runs)])
+    predictor = Predictor(target_name="none", device="cpu", overrides=("warmup=1", f"steps={args.steps}"))
     t0 = time.monotonic()
     for s in runs:
         predictor.trace(s["model"], int(s["batch_size"]))
     trace_s = time.monotonic() - t0
-    fit_half, test_half = runs[0::2], runs[1::2]
     with tempfile.TemporaryDirectory() as tmp:
         cal_path = Path(tmp) / "cal.json"
-        cal, _, report = calibrate(folder, out=str(cal_path), summaries=fit_half, predictor=predictor)
+        cal, _, report = calibrate(folder, out=str(cal_path), summaries=fit_runs, predictor=predictor)
         predictor.calibration = load(cal.key, cal_path)
-    print(f"\ntraced {len(runs)} jobs in {trace_s:.0f} s; calibrated on {len(fit_half)}: " + "; ".join(report[-3:]))
+    fit_models = sorted({s["model"] for s in fit_runs})
+    print(f"\ntraced {len(runs)} jobs in {trace_s:.0f} s; calibrated on {len(fit_runs)} runs of "
+          f"{', '.join(fit_models)}:\n  " + "\n  ".join(report))
 
-    header = f"{'model':<12} {'batch':>5} {'half':>5} {'meas MiB':>9} {'pred MiB':>9} {'tensors':>8} {'err %':>7}" \
-             f" {'meas s':>8} {'pred s':>8} {'err %':>7}"
-    print("\n" + header + "\n" + "-" * len(header))
-    mem_err, time_pred, time_meas, tensor_err, time_min, spread = [], [], [], [], [], []
-    for s in runs:
+    header = (f"{'model':<12} {'batch':>5} {'meas s':>8} {'spread':>7} {'pred s':>8} {'err %':>7} {'roofln s':>8} "
+              f"{'meas MiB':>9} {'pred MiB':>9} {'err %':>7} {'tensors':>8}")
+    print(f"\nheld-out models ({', '.join(sorted({s['model'] for s in test_runs}))}), never calibrated on; "
+          f"spread = (max - min) / median of the job's measured steps\n" + header + "\n" + "-" * len(header))
+    mem_err, time_pred, time_meas, spread = [], [], [], []
+    for s in test_runs:
         p = predictor.predict(s["model"], int(s["batch_size"]))
         meas_b = measured_training_bytes(s)
-        meas_s = s["step_time_s"]["median"]
-        half = "fit" if s in fit_half else "test"
+        st = s["step_time_s"]
         e_mem = pct(p.peak_bytes, meas_b) if meas_b else float("nan")
-        e_time = pct(p.step_time_s, meas_s)
-        if half == "test":
-            mem_err.append(abs(e_mem))
-            tensor_err.append(abs(pct(p.tensors_bytes, meas_b)))
-            time_pred.append(p.step_time_s)
-            time_meas.append(meas_s)
-            time_min.append(s["step_time_s"]["min"])
-            spread.append((s["step_time_s"]["max"] - s["step_time_s"]["min"]) / meas_s * 100)
-        print(f"{s['model']:<12} {s['batch_size']:>5} {half:>5} {meas_b / 2**20:>9.1f} {p.peak_bytes / 2**20:>9.1f} "
-              f"{p.tensors_bytes / 2**20:>8.1f} {e_mem:>+7.1f} {meas_s:>8.3f} {p.step_time_s:>8.3f} {e_time:>+7.1f}")
-    print(f"\nmemory (test half, {len(mem_err)} runs): median |error| {statistics.median(mem_err):.1f} % (goal <= 5), "
-          f"worst {max(mem_err):.1f} % (goal <= 10); tensors alone: median {statistics.median(tensor_err):.1f} %, "
-          f"worst {max(tensor_err):.1f} %")
-    print(f"runtime memory fitted on the other half: {cal.runtime_bytes / 2**20:.1f} MiB + "
-          f"{cal.runtime_per_op_bytes / 1024:.1f} KiB per op + {cal.runtime_per_transient_byte:.3f} per transient "
-          f"tensor byte (measured less tensors: {cal.runtime_spread_bytes[0] / 2**20:.1f} to "
-          f"{cal.runtime_spread_bytes[1] / 2**20:.1f} MiB)")
-    print(f"time (test half): MAPE {mape_pct(time_pred, time_meas):.1f} % (goal <= 15); the measured steps of one "
-          f"job spread (max - min) / median {statistics.median(spread):.0f} % (median over jobs): this machine's noise")
-    with tempfile.TemporaryDirectory() as tmp:  # the same, fitted to and compared with each job's fastest step
-        cal_min, _, _ = calibrate(folder, out=str(Path(tmp) / "cal.json"), summaries=fit_half, predictor=predictor,
-                                  time_stat="min")
-        predictor.calibration = cal_min
-        pred_min = [predictor.predict(s["model"], int(s["batch_size"])).step_time_s for s in test_half]
-    print(f"time with time_stat=min (fit and compare the fastest step of each job): MAPE "
-          f"{mape_pct(pred_min, time_min):.1f} %")
-    steady = [i for i, s in enumerate(test_half) if s["step_time_s"]["max"] <= 1.2 * s["step_time_s"]["min"]]
-    if steady:
-        print(f"time on the {len(steady)} test jobs whose measured steps agree within 20 % (a quiet machine): "
-              f"MAPE {mape_pct([time_pred[i] for i in steady], [time_meas[i] for i in steady]):.1f} % (median fit), "
-              f"{mape_pct([pred_min[i] for i in steady], [time_min[i] for i in steady]):.1f} % (min fit)")
+        e_time = pct(p.step_time_s, st["median"])
+        mem_err.append(abs(e_mem))
+        time_pred.append(p.step_time_s)
+        time_meas.append(st["median"])
+        spread.append((st["max"] - st["min"]) / st["median"] * 100)
+        print(f"{s['model']:<12} {s['batch_size']:>5} {st['median']:>8.3f} {spread[-1]:>6.0f}% {p.step_time_s:>8.3f} "
+              f"{e_time:>+7.1f} {p.roofline_s or float('nan'):>8.3f} {meas_b / 2**20:>9.1f} "
+              f"{p.peak_bytes / 2**20:>9.1f} {e_mem:>+7.1f} {p.tensors_bytes / 2**20:>8.1f}")
+    print(f"\nheld out, {len(test_runs)} runs: step time MAPE {mape_pct(time_pred, time_meas):.1f} % (goal <= 10; "
+          f"median spread of the measured steps {statistics.median(spread):.0f} %)   |   training memory MAPE "
+          f"{statistics.mean(mem_err):.1f} %, median {statistics.median(mem_err):.1f} % (goal <= 3), worst "
+          f"{max(mem_err):.1f} % (goal <= 8)")
+    print(f"after the predictions: {quiet()}")
+    if args.maxbatch:
+        maxbatch_comparison(MAXBATCH_MODELS)
 
     if not args.no_speed:
         out = subprocess.run([sys.executable, "-c", SPEED_CHILD], capture_output=True, text=True, cwd=REPO,

@@ -90,6 +90,72 @@ def search(fits_at: Callable[[int], Probe], start: int = 1, limit: int = 4096, t
     return result
 
 
+def search_guided(fits_at: Callable[[int], Probe], predicted: int, limit: int = 4096, tolerance: float = 0.05,
+                  model: str = "") -> Search:
+    """Start from the predictor's max batch and confirm it with real probes: `predicted` fits and the next step
+    above it (`tolerance`) does not, which is the full search's answer in two probes. Where a probe disagrees,
+    widen in that direction (upwards one more single step, then steps that double: 5 %, 10 %, 20 %, ...),
+    then bisect as `search` does, so a
+    predictor that is 30 % off still ends on the same answer, in a few more probes."""
+    result = Search(model=model)
+    began = time.monotonic()
+
+    def probe(batch: int) -> Optional[bool]:
+        p = result.probe_at(batch) or fits_at(batch)
+        if p not in result.probes:
+            result.probes.append(p)
+        if not p.fits and p.kind not in DOES_NOT_FIT:
+            result.error = f"batch {batch}: {p.kind}: {p.message}"
+            return None
+        return p.fits
+
+    def step(n: int, k: int, down: bool = False) -> int:  # the k-th step from n: within tolerance when k == 0
+        return max(1, int(tolerance * n / (1 + tolerance) if down else tolerance * n)) << k
+
+    lo: Optional[int] = None  # the largest batch that fitted
+    hi: Optional[int] = None  # the smallest batch that did not
+    batch, k = max(1, min(int(predicted), limit)), 0
+    ok = probe(batch)
+    if ok is not None and ok:
+        lo, single = batch, True
+        while result.error is None and hi is None:  # upwards: the next step, then steps that double
+            if lo >= limit:
+                result.limit_reached = True
+                break
+            nxt = min(limit, lo + step(lo, k))
+            ok = probe(nxt)
+            if ok is None:
+                break
+            if ok:  # one more single step (the prediction may be one step under), then steps that double
+                lo, k, single = nxt, (k + 1 if not single else k), False
+            else:
+                hi = nxt
+    elif ok is not None:
+        hi = batch
+        while result.error is None and lo is None and hi > 1:  # downwards, the same way
+            nxt = max(1, hi - step(hi, k, down=True))
+            ok = probe(nxt)
+            if ok is None:
+                break
+            if ok:
+                lo = nxt
+            else:
+                hi, k = nxt, k + 1
+    result.max_batch = lo or 0
+    result.first_failing_batch = hi
+    while result.error is None and lo is not None and hi is not None and hi - lo > max(1, tolerance * lo):
+        mid = (lo + hi) // 2
+        ok = probe(mid)
+        if ok is None:
+            break
+        if ok:
+            lo = result.max_batch = mid
+        else:
+            hi = result.first_failing_batch = mid
+    result.seconds = time.monotonic() - began
+    return result
+
+
 def _probe_from_summary(batch: int, summary: Optional[Dict[str, Any]], seconds: float, why_missing: str) -> Probe:
     if summary is None:
         return Probe(batch, False, "killed", why_missing, None, seconds)

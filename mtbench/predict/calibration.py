@@ -44,22 +44,35 @@ class Calibration:
     time_scaled: bool = False  # x_flops / x_bytes scaled by the target's peaks (else raw FLOPs and bytes)
     time_fit_mape_pct: Optional[float] = None  # on the runs it was fitted on
     time_stat: str = "median"  # the step-time statistic fitted: median, or min (the fastest measured step)
+    # the per-op-class model (mtbench.predict.opcost.FEATURES: seconds per FLOP, per byte, per op of each class),
+    # which predicts where present; time_coef stays as the whole-step fallback
+    op_coef: Optional[List[float]] = None
+    op_features: List[str] = field(default_factory=list)  # the names of op_coef's entries
+    op_fit_mape_pct: Optional[float] = None  # step time, on the runs it was fitted on
+    op_profiled_runs: int = 0  # runs whose measured per-op times (ops.csv) were fitted, beside every run's step
     # training memory that is not tensors = runtime_bytes + runtime_per_op_bytes * ops
     #                                       + runtime_per_transient_byte * transient tensor bytes at the peak
+    #                                       + runtime_per_conv_weight_byte * convolution weight bytes
     # (transient: what the step allocates and frees, i.e. the tensors less parameters, gradients, optimizer
     # state and inputs). The constant is the libraries' pages and arenas; per op, the kernels' primitives and
     # autograd's nodes; per transient byte, what the C allocator keeps of freed blocks (fragmentation).
     runtime_bytes: Optional[int] = None
     runtime_per_op_bytes: float = 0.0
     runtime_per_transient_byte: float = 0.0
+    # + runtime_per_conv_weight_byte * the step's convolution weight bytes: on a CPU oneDNN keeps the weights (and
+    # their gradients) reordered into its blocked layout, outside any tensor the trace sees (the runtime that
+    # made xception and resnet50 miss by 19-30 % when it was not a term)
+    runtime_per_conv_weight_byte: float = 0.0
     runtime_spread_bytes: Optional[List[int]] = None  # min and max of measured - tensors over the runs
     runtime_note: str = ""  # what the runtime part holds, or why it was not fitted
     schema: str = SCHEMA
     runs_used: List[str] = field(default_factory=list)  # "<model> b<batch>" of each run
 
     def describe(self) -> str:
+        model = (f"per-op-class model, per-op times of {self.op_profiled_runs}" if self.op_coef is not None
+                 else "whole-step model")
         return (f"calibrated on {self.runs} runs of {self.source} ({self.device_name}, {self.created[:10]}, "
-                f"{self.time_stat} step time)")
+                f"{self.time_stat} step time; {model})")
 
     def efficiencies(self) -> Dict[str, Optional[float]]:
         """The fitted fraction of peak FLOP/s and bandwidth (only where scaled by a target's peaks)."""
@@ -117,8 +130,8 @@ def fit_nonnegative(x: np.ndarray, y: np.ndarray, scale: Optional[np.ndarray] = 
     return coef / np.maximum(np.abs(x).max(axis=0), 1e-300)
 
 
-def runtime_features(ops: float, transient_bytes: float) -> np.ndarray:
-    return np.array([1.0, float(ops), float(transient_bytes)])
+def runtime_features(ops: float, transient_bytes: float, conv_weight_bytes: float = 0.0) -> np.ndarray:
+    return np.array([1.0, float(ops), float(transient_bytes), float(conv_weight_bytes)])
 
 
 def mape_pct(pred: Sequence[float], meas: Sequence[float]) -> float:

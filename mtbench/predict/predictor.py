@@ -5,10 +5,11 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+import numpy as np
 import torch
 
 from mtbench.errors import UsageError
-from mtbench.predict import allocator, calibration
+from mtbench.predict import allocator, calibration, opcost
 from mtbench.predict.trace import StepTrace, breakdown, trace_step, transient_bytes
 
 # Training memory that is not tensors, where no calibration says otherwise. CPU: the libraries' pages a step
@@ -157,7 +158,7 @@ class Predictor:
             reserved: Optional[int] = peaks.reserved_bytes
         else:
             tensors, parts, reserved = trace.peak_tensor_bytes, dict(trace.breakdown_bytes), None
-        runtime, runtime_note = self._runtime(trace.ops, parts)
+        runtime, runtime_note = self._runtime(trace, parts)
         peak = (reserved if reserved is not None else tensors) + runtime
         budget = self.target.memory_budget_bytes
         step_s, roofline_s, time_note = self._time(trace)
@@ -168,15 +169,18 @@ class Predictor:
             peak_bytes=int(peak), budget_bytes=budget, fits=None if budget is None else peak <= budget,
             flops=trace.flops, forward_flops=trace.forward_flops, bytes_moved=trace.bytes_moved, ops=trace.ops,
             roofline_s=roofline_s, step_time_s=step_s, time_note=time_note,
-            calibrated=step_s is not None and self.calibration is not None and self.calibration.time_coef is not None,
+            calibrated=step_s is not None and self.calibration is not None and (
+                self.calibration.time_coef is not None or self.calibration.op_coef is not None),
             trace_s=trace.trace_s,
         )
 
-    def _runtime(self, ops: int, parts: Dict[str, int]) -> Tuple[int, str]:
+    def _runtime(self, trace: StepTrace, parts: Dict[str, int]) -> Tuple[int, str]:
         cal = self.calibration
         if cal is not None and cal.runtime_bytes is not None:
-            runtime = (cal.runtime_bytes + cal.runtime_per_op_bytes * ops
-                       + cal.runtime_per_transient_byte * transient_bytes(parts))
+            conv_weight_bytes = trace.op_classes.get("conv", {}).get("weight_bytes", 0.0)
+            runtime = (cal.runtime_bytes + cal.runtime_per_op_bytes * trace.ops
+                       + cal.runtime_per_transient_byte * transient_bytes(parts)
+                       + cal.runtime_per_conv_weight_byte * conv_weight_bytes)
             return int(runtime), f"{cal.runtime_note}; {cal.describe()}"
         return DEFAULT_RUNTIME_BYTES[self.device], DEFAULT_RUNTIME_NOTE[self.device]
 
@@ -186,6 +190,8 @@ class Predictor:
         if peak_flops and bandwidth:
             roofline = max(trace.flops / peak_flops, trace.bytes_moved / bandwidth)
         cal = self.calibration
+        if cal is not None and cal.op_coef is not None and list(cal.op_features) == list(opcost.FEATURES):
+            return float(opcost.step_features(trace.op_classes) @ np.array(cal.op_coef)), roofline, cal.describe()
         if cal is not None and cal.time_coef is not None:
             if cal.time_scaled and not (peak_flops and bandwidth):
                 return None, roofline, f"the calibration is scaled by peak figures target {self.target.name} lacks"

@@ -9,6 +9,7 @@ from typing import Any, Callable, Dict, Iterator, List, Tuple
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
+from mtbench.predict import opcost
 from mtbench.workload.breakdown import PARTS as BREAKDOWN_KEYS  # the measured breakdown's keys: ours too
 from mtbench.workload import torch_internals
 from mtbench.workload.base import SetupContext, Workload
@@ -28,6 +29,8 @@ class StepTrace:
     forward_flops: int  # of which outside autograd's backward
     bytes_moved: int  # sum over ops of input + output tensor bytes (views excluded): a DRAM-traffic proxy
     ops: int  # aten ops run (views excluded): a kernel-launch / dispatch count
+    # per op class (opcost.CLASSES): {"flops", "grouped_flops" (convolutions with groups > 1), "bytes", "ops"}
+    op_classes: Dict[str, Dict[str, float]] = field(default_factory=dict)
     # (storage key, bytes | -1 freed | -2 changed kind, kind) in order: what the allocator model replays
     events: List[Tuple[int, int, str]] = field(default_factory=list)
     trace_s: float = 0.0  # wall time the trace took
@@ -73,6 +76,10 @@ class _StepCounter(torch.utils._python_dispatch.TorchDispatchMode):
         self.ops = 0
         self.bytes_moved = 0
         self.forward_flops = 0
+        self.flops_fix = 0  # added to FlopCounterMode's total (see _grouped_backward_flops)
+        self.classes = opcost.empty_classes()
+        self.in_optimizer = False  # set by the optimizers' step hooks: the update is a class of its own
+        self._class_of: Dict[Any, str] = {}
         self.values = WeakIdKeyDictionary()  # fake tensor -> real CPU tensor with its values
 
     def value_of(self, t: Any) -> Any:
@@ -177,6 +184,13 @@ class _StepCounter(torch.utils._python_dispatch.TorchDispatchMode):
         return self._count(func, args, kwargs, out, before)
 
     def _count(self, func: Any, args: Any, kwargs: Any, out: Any, flops_before: int) -> Any:
+        added = self.flop_counter.get_total_flops() - flops_before
+        groups = opcost.conv_groups(func, args)
+        if groups > 1 and func._schema.name == "aten::convolution_backward":
+            # torch's formula counts a grouped convolution's weight gradient `groups` times over
+            fixed = opcost.grouped_backward_flops(args)
+            self.flops_fix += fixed - added
+            added = fixed
         if not getattr(func, "is_view", False) and func not in _METADATA_OPS:
             self.ops += 1
             moved = 0
@@ -184,8 +198,19 @@ class _StepCounter(torch.utils._python_dispatch.TorchDispatchMode):
                 if isinstance(t, torch.Tensor):
                     moved += t.numel() * t.element_size()
             self.bytes_moved += moved
+            cls = "optimizer" if self.in_optimizer else self._class_of.get(func)
+            if cls is None:
+                cls = self._class_of[func] = opcost.aten_class(func._schema.name)
+            figures = self.classes[cls]
+            figures["ops"] += 1
+            figures["bytes"] += moved
+            figures["flops"] += added
+            if cls == "conv" and groups > 1:
+                figures["grouped_flops"] += added
+            if func._schema.name == "aten::convolution" and len(args) > 1 and isinstance(args[1], torch.Tensor):
+                figures["weight_bytes"] += args[1].numel() * args[1].element_size()
         if torch._C._current_autograd_node() is None:
-            self.forward_flops += self.flop_counter.get_total_flops() - flops_before
+            self.forward_flops += added
         return out
 
 
@@ -237,8 +262,9 @@ def trace_step(make_workload: Callable[[], Workload], ctx: SetupContext, fake: b
             workload.step()
         tracker = torch_internals.new_recording_tracker()
         inputs_bytes, state_bytes = _track_state(tracker, workload)
-        counter.ops = counter.bytes_moved = counter.forward_flops = 0
-        with tracker, flops, counter:
+        counter.ops = counter.bytes_moved = counter.forward_flops = counter.flops_fix = 0
+        counter.classes = opcost.empty_classes()
+        with tracker, flops, counter, opcost.optimizer_marked(counter):
             workload.step()
         peak = tracker.get_tracker_snapshot("peak")
     dev_snap = _device_snapshot(peak, ctx.device)
@@ -250,10 +276,11 @@ def trace_step(make_workload: Callable[[], Workload], ctx: SetupContext, fake: b
         breakdown_bytes=parts,
         inputs_bytes=inputs_bytes,
         state_bytes=state_bytes,
-        flops=int(flops.get_total_flops()),
+        flops=int(flops.get_total_flops() + counter.flops_fix),
         forward_flops=int(counter.forward_flops),
         bytes_moved=int(counter.bytes_moved),
         ops=int(counter.ops),
+        op_classes=counter.classes,
         events=tracker.events,
         trace_s=time.monotonic() - start,
     )

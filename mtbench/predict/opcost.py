@@ -1,0 +1,249 @@
+"""The per-op-class step-time model: op classes of traced aten ops and of measured ops.csv rows, features, NNLS fit."""
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+# The model (all coefficients >= 0), summed over the ops of one training step:
+#   conv:        conv_flops * s/FLOP (dense) + conv_grouped_flops * s/FLOP (groups > 1: depthwise, memory-bound
+#                shapes) + conv_bytes * s/byte
+#   matmul:      matmul_flops * s/FLOP + matmul_bytes * s/byte
+#   norm, elementwise, reduction, optimizer (the update and zero_grad): <class>_bytes * s/byte
+#   launch_ops:  s per op launched (dispatch, kernel launch), every class
+#   host_ops:    s per op of host time between ops (Python, autograd engine), the "[no op]" row of ops.csv
+#   step_overhead: s per step
+# The shape efficiency of a convolution or a matrix product is its FLOPs and bytes terms together: a small or
+# thin one moves many bytes per FLOP, and a grouped one runs at its own (lower) rate.
+CLASSES = ("conv", "matmul", "norm", "elementwise", "reduction", "optimizer")
+FEATURES = ("conv_flops", "conv_grouped_flops", "conv_bytes", "matmul_flops", "matmul_bytes", "norm_bytes",
+            "elementwise_bytes", "reduction_bytes", "optimizer_bytes", "launch_ops", "host_ops", "step_overhead")
+HOST = "host"  # the time between ops (ops.csv's "[no op]" row)
+_INDEX = {f: i for i, f in enumerate(FEATURES)}
+# which features a class's own time is made of (launch_ops: that class's op count)
+CLASS_FEATURES = {c: [f for f in FEATURES if f.startswith(c + "_")] + ["launch_ops"] for c in CLASSES}
+CLASS_FEATURES[HOST] = ["host_ops", "step_overhead"]
+
+_CONV = ("convolution", "conv_depthwise", "conv2d", "conv1d", "conv3d", "conv_transpose", "slow_conv")
+_MATMUL = ("mm", "addmm", "bmm", "baddbmm", "addbmm", "matmul", "mv", "addmv", "dot", "linear",
+           "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
+           "_scaled_dot_product_attention_math", "_scaled_dot_product_flash_attention_for_cpu",
+           "_scaled_dot_product_cudnn_attention", "_flash_attention_forward", "_efficient_attention_forward")
+_NORM = ("batch_norm", "layer_norm", "group_norm", "instance_norm")
+_REDUCTION = ("sum", "mean", "max", "min", "amax", "amin", "var", "std", "norm", "softmax", "log_softmax",
+              "nll_loss", "cross_entropy", "pool", "cumsum", "prod", "topk", "argmax", "argmin", "logsumexp",
+              "embedding_dense_backward", "mse_loss", "binary_cross_entropy", "smooth_l1_loss")
+
+
+def aten_class(name: str) -> str:
+    """The class of a traced aten op, from its name without namespace and overload ("convolution_backward")."""
+    base = name.split("::")[-1].split(".")[0].lstrip("_")
+    core = base[:-len("_backward")] if base.endswith("_backward") else base
+    core = core.rstrip("_")
+    if any(core.startswith(c.lstrip("_")) for c in _CONV) or "convolution" in core:
+        return "conv"
+    if core in (m.lstrip("_") for m in _MATMUL) or "scaled_dot_product" in core or "attention" in core:
+        return "matmul"
+    if any(n in core for n in _NORM):
+        return "norm"
+    if any(r in core for r in _REDUCTION):
+        return "reduction"
+    return "elementwise"
+
+
+def measured_class(name: str, device: str = "cpu") -> str:
+    """The class of an ops.csv row: a top-level host op ("aten::conv2d", "ConvolutionBackward0",
+    "Optimizer.step#SGD.step") or, with device "cuda", a kernel name; HOST for the "[no op]" row."""
+    if name == "[no op]":
+        return HOST
+    if name.startswith("Optimizer."):
+        return "optimizer"
+    low = name.lower()
+    if device == "cuda":  # kernel names
+        if "multi_tensor_apply" in low or "foreach" in low:
+            return "optimizer"
+        if "conv" in low or "wgrad" in low or "dgrad" in low or "implicit_gemm" in low or "winograd" in low:
+            return "conv"
+        if "gemm" in low or "gemv" in low or "matmul" in low or "cutlass" in low:
+            return "matmul"
+        if "batch_norm" in low or "batchnorm" in low or "bn_" in low or "layer_norm" in low or "layernorm" in low:
+            return "norm"
+        if "reduce" in low or "pool" in low or "softmax" in low or "nll_loss" in low:
+            return "reduction"
+        return "elementwise"
+    op = low.split("::")[-1]
+    if op.endswith("backward0") or op.endswith("backward1"):  # autograd nodes: ConvolutionBackward0
+        op = op[:-len("backward0")]
+    for key, cls in (("conv", "conv"), ("addmm", "matmul"), ("linear", "matmul"), ("matmul", "matmul"),
+                     ("bmm", "matmul"), ("scaled_dot_product", "matmul"), ("einsum", "matmul")):
+        if key in op:
+            return cls
+    if op in ("mm", "mv", "dot", "addmv"):
+        return "matmul"
+    if any(n.replace("_", "") in op.replace("_", "") for n in _NORM):
+        return "norm"
+    if any(r.replace("_", "") in op.replace("_", "") for r in _REDUCTION):
+        return "reduction"
+    return "elementwise"
+
+
+def empty_classes() -> Dict[str, Dict[str, float]]:
+    """Per class: flops, grouped_flops (convolutions with groups > 1), bytes, ops; and weight_bytes (the forward
+    convolutions' weights: what oneDNN keeps reordered copies of on a CPU, see Calibration.runtime_bytes)."""
+    return {c: {"flops": 0.0, "grouped_flops": 0.0, "bytes": 0.0, "ops": 0.0, "weight_bytes": 0.0} for c in CLASSES}
+
+
+def step_features(classes: Dict[str, Dict[str, float]]) -> np.ndarray:
+    """The FEATURES of a whole step from its per-class figures (flops, grouped_flops, bytes, ops per class)."""
+    x = np.zeros(len(FEATURES))
+    for c in CLASSES:
+        x += class_features(classes, c)
+    x += class_features(classes, HOST)
+    return x
+
+
+def class_features(classes: Dict[str, Dict[str, float]], cls: str) -> np.ndarray:
+    """The FEATURES of class `cls`'s own time (zeros outside its columns)."""
+    x = np.zeros(len(FEATURES))
+    if cls == HOST:
+        x[_INDEX["host_ops"]] = sum(v.get("ops", 0.0) for v in classes.values())
+        x[_INDEX["step_overhead"]] = 1.0
+        return x
+    v = classes.get(cls, {})
+    if cls == "conv":
+        x[_INDEX["conv_flops"]] = v.get("flops", 0.0) - v.get("grouped_flops", 0.0)
+        x[_INDEX["conv_grouped_flops"]] = v.get("grouped_flops", 0.0)
+    elif cls == "matmul":
+        x[_INDEX["matmul_flops"]] = v.get("flops", 0.0)
+    x[_INDEX[f"{cls}_bytes"]] = v.get("bytes", 0.0)
+    x[_INDEX["launch_ops"]] = v.get("ops", 0.0)
+    return x
+
+
+def measured_class_seconds(rows: Sequence[Tuple[str, str, float]], steps: int,
+                           scale: float = 1.0) -> Dict[str, float]:
+    """Seconds per step of each class (and HOST) from ops.csv rows (name, device, total_s) of `steps` steps,
+    times `scale` (unprofiled / profiled step time: the profiler's own overhead taken out)."""
+    kernels = any(d == "cuda" for _, d, _ in rows)
+    out = {c: 0.0 for c in CLASSES + (HOST,)}
+    for name, device, total_s in rows:
+        if kernels and device != "cuda" and name != "[no op]":
+            continue  # on a GPU the kernels are the timeline; host rows would count their launches again
+        out[measured_class(name, device or "cpu")] += float(total_s) / steps * scale
+    return out
+
+
+def nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """argmin ||a x - b|| with x >= 0: scipy.optimize.nnls where scipy is installed, else Lawson-Hanson in numpy
+    (scipy is no dependency of mtbench: a Jetson's Python may lack it)."""
+    try:
+        from scipy.optimize import nnls as scipy_nnls
+    except ImportError:
+        return lawson_hanson(a, b)
+    try:
+        return scipy_nnls(a, b)[0]
+    except RuntimeError:  # its iteration limit: the numpy one has its own
+        return lawson_hanson(a, b)
+
+
+def lawson_hanson(a: np.ndarray, b: np.ndarray, tol: Optional[float] = None) -> np.ndarray:
+    """Lawson and Hanson's active-set NNLS (Solving Least Squares Problems, 1974, ch. 23)."""
+    m, n = a.shape
+    tol = tol if tol is not None else 10 * np.finfo(float).eps * np.linalg.norm(a, 1) * max(m, n)
+    x = np.zeros(n)
+    passive = np.zeros(n, dtype=bool)
+    w = a.T @ (b - a @ x)
+    for _ in range(3 * n + 30):
+        if passive.all() or not (w[~passive] > tol).any():
+            break
+        j = int(np.argmax(np.where(passive, -np.inf, w)))
+        passive[j] = True
+        while True:
+            z = np.zeros(n)
+            z[passive] = np.linalg.lstsq(a[:, passive], b, rcond=None)[0]
+            if (z[passive] > 0).all():
+                x = z
+                break
+            neg = passive & (z <= 0)
+            alpha = np.min(x[neg] / np.maximum(x[neg] - z[neg], 1e-300))
+            x = x + alpha * (z - x)
+            passive &= x > tol
+            x[~passive] = 0.0
+        w = a.T @ (b - a @ x)
+    return x
+
+
+def fit(rows: List[np.ndarray], targets: List[float], weights: List[float]) -> np.ndarray:
+    """Coefficients of FEATURES, all >= 0, fitting rows @ c to targets in the weighted least-squares sense
+    (weight: 1 / the job's step time, so each row's error counts relative to its job's step)."""
+    x, y, w = np.array(rows, float), np.array(targets, float), np.array(weights, float)
+    span = np.maximum(np.abs(x).max(axis=0), 1e-300)  # columns of comparable size
+    coef = nnls(x / span * w[:, None], y * w)
+    return coef / span
+
+
+def breakdown_s(classes: Dict[str, Dict[str, float]], coef: Sequence[float]) -> Dict[str, float]:
+    """Predicted seconds per step of each class and HOST."""
+    c = np.asarray(coef, float)
+    return {k: float(class_features(classes, k) @ c) for k in CLASSES + (HOST,)}
+
+
+def describe(coef: Sequence[float]) -> str:
+    """The fitted rates in a reader's units: GFLOP/s and GB/s of each class, microseconds per op and per step."""
+    out = []
+    for name, c in zip(FEATURES, coef):
+        if name.endswith("flops"):
+            out.append(f"{name[:-6]} {1e-9 / c:.3g} GFLOP/s" if c > 0 else f"{name[:-6]} free")
+        elif name.endswith("bytes"):
+            out.append(f"{name[:-6]} {1e-9 / c:.3g} GB/s" if c > 0 else f"{name[:-6]} free")
+        elif name in ("launch_ops", "host_ops"):
+            out.append(f"{name} {c * 1e6:.3g} us")
+        else:
+            out.append(f"{name} {c * 1e3:.3g} ms")
+    return ", ".join(out)
+
+
+def conv_groups(func: Any, args: Any) -> int:
+    """`groups` of aten.convolution (argument 8) and aten.convolution_backward (argument 9); 1 for others."""
+    index = {"aten::convolution": 8, "aten::convolution_backward": 9, "aten::_convolution": 8}.get(func._schema.name)
+    if index is None or len(args) <= index or not isinstance(args[index], int):
+        return 1
+    return int(args[index])
+
+
+def grouped_backward_flops(args: Any) -> int:
+    """FLOPs of aten.convolution_backward: the forward's 2 * N * |weight| * |output positions| for each gradient
+    asked for (input, weight; output_mask, argument 10), as for an ungrouped one."""
+    grad_out, inp, weight, transposed = args[0], args[1], args[2], bool(args[7])
+    mask = args[10] if len(args) > 10 else (True, True, True)
+    spatial = inp.shape[2:] if transposed else grad_out.shape[2:]
+    forward = 2 * grad_out.shape[0] * weight.numel() * _prod(spatial)
+    return forward * (int(bool(mask[0])) + int(bool(mask[1])))
+
+
+@contextlib.contextmanager
+def optimizer_marked(counter: Any) -> Iterator[None]:
+    """Marks the ops run inside any optimizer's step() (global step hooks, torch >= 2.0)."""
+    from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+    def pre(*_: Any) -> None:
+        counter.in_optimizer = True
+
+    def post(*_: Any) -> None:
+        counter.in_optimizer = False
+
+    handles = [register_optimizer_step_pre_hook(pre), register_optimizer_step_post_hook(post)]
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+        counter.in_optimizer = False
+
+
+def _prod(values: Any) -> int:
+    out = 1
+    for v in values:
+        out *= int(v)
+    return out
