@@ -339,7 +339,8 @@ def check_known_key(key: str, keys: set) -> None:
         return
     close = difflib.get_close_matches(key, sorted(keys), n=1, cutoff=0.6)
     hint = f"did you mean {close[0]}?" if close else "allowed: a key of the composed config (mtbench --help lists them)"
-    raise UsageError(f"unknown key {_short(key)}; {hint} (+{_short(key)}=VALUE adds a new one)")
+    name = key if len(key) <= 60 and key.isprintable() else _short(key)
+    raise UsageError(f"unknown key {name}; {hint} (+{name}=VALUE adds a new key)")
 
 
 def _parse_each(args: List[str]) -> list:

@@ -60,6 +60,7 @@ def default_out(roots: List[Path]) -> Path:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """`mtbench report DIR [DIR ...] [--out OUT]`."""
+    parser.usage = "mtbench report DIR [DIR ...] [--out OUT]"
     parser.description = ("Writes summary.csv, README.md and figures of every job (summary.json) under each DIR, a "
                           "run or multirun folder, keyed by the board each job ran on (several DIRs: e.g. one sweep "
                           "per board). See docs/reports.md.")
