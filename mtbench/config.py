@@ -205,7 +205,7 @@ def positive_int(key: str, value: Any, minimum: int = 1) -> int:
         raise UsageError(f"{key}={value!r} is not a number; {allowed}")
     try:
         number = int(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: inf
         raise UsageError(f"{key}={value!r} is not a whole number; {allowed}") from None
     if number != value and str(number) != str(value).strip():
         raise UsageError(f"{key}={value!r} is not a whole number; {allowed}")
@@ -298,10 +298,38 @@ def check_output_dir(key: str, value: Any) -> None:
         raise UsageError(f"{where}: {probe} is not writable by this user; allowed: a folder this user can write in")
 
 
-def _config_keys(choices: Dict[str, List[str]]) -> set:
-    """Every dotted key of the config composed with each listed group option (their union), Hydra's own left out."""
+def _loader() -> Any:
     from hydra._internal.config_loader_impl import ConfigLoaderImpl
     from hydra._internal.utils import create_config_search_path
+
+    return ConfigLoaderImpl(config_search_path=create_config_search_path(str(conf_dir())))
+
+
+def check_composition(overrides: List[str], multirun: bool) -> None:
+    """Compose and resolve the config as the job will (sweep lists of -m left out: each job composes one value),
+    so that what Hydra or OmegaConf would refuse inside the job (a `+key` that exists, a value of the wrong type
+    for its node, an interpolation to no key, a sweep list without -m) ends here in one line."""
+    from hydra.errors import HydraException
+    from hydra.types import RunMode
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        cfg = _loader().load_configuration(config_name="config", overrides=overrides,
+                                           run_mode=RunMode.MULTIRUN if multirun else RunMode.RUN)
+        for key in cfg:  # Hydra resolves its own node (dates, job names) when the job starts
+            if key != "hydra":
+                node = cfg[key]
+                if OmegaConf.is_config(node):
+                    OmegaConf.to_container(node, resolve=True)
+    except (HydraException, OmegaConfBaseException, ValueError, TypeError, OverflowError, RecursionError,
+            OSError) as exc:  # OSError: a group name longer than a file name may be
+        text = " ".join(str(exc).split("\n")[0].split())  # Hydra adds hints and full-key lines below the first
+        raise UsageError(f"{text[:300] or type(exc).__name__}; see docs/configuration.md") from None
+
+
+def _config_keys(choices: Dict[str, List[str]]) -> Optional[set]:
+    """Every dotted key of the config composed with each listed group option (their union), Hydra's own left out."""
     from hydra.types import RunMode
     from omegaconf import OmegaConf
 
@@ -309,8 +337,10 @@ def _config_keys(choices: Dict[str, List[str]]) -> set:
     keys: set = set()
     for overrides in runs:
         if tuple(overrides) not in _KEYS_CACHE:
-            loader = ConfigLoaderImpl(config_search_path=create_config_search_path(str(conf_dir())))
-            cfg = loader.load_configuration(config_name="config", overrides=overrides, run_mode=RunMode.RUN)
+            try:
+                cfg = _loader().load_configuration(config_name="config", overrides=overrides, run_mode=RunMode.RUN)
+            except Exception:  # noqa: BLE001 - a choice that does not compose: check_composition says why
+                return None
             tree = OmegaConf.to_container(cfg, resolve=False)
             tree.pop("hydra", None)
             _KEYS_CACHE[tuple(overrides)] = set(_walk(tree))
@@ -419,8 +449,10 @@ def check_overrides(args: List[str]) -> None:
                        or o.key_or_group.startswith("hydra") or "/" in o.key_or_group)]
     if unknown:
         keys = _config_keys({g: v for g, v in choices.items() if all(x in group_options(g) for x in v)})
-        for key in unknown:
+        for key in unknown if keys is not None else []:
             check_known_key(key, keys)
+    trial = [a for a, o in zip(parsed.overrides, overrides) if not (parsed.multirun and o.is_sweep_override())]
+    check_composition(trial, parsed.multirun)
 
 
 def check_composed(cfg: Any) -> str:
