@@ -1,4 +1,8 @@
-"""Where the Hydra configs live, the one place objects are instantiated from config, and job settings."""
+"""Where the Hydra configs live, the one place objects are instantiated from config, and job settings.
+
+Long because it is the one validator: what each `_target_` may build, the job's settings, and every check of the
+command-line overrides and of the composed config before a job runs.
+"""
 from __future__ import annotations
 
 import importlib

@@ -193,8 +193,8 @@ def run(args: argparse.Namespace, prober: Optional[Callable[[List[str], int, Pat
     _check(args)
     from mtbench.config import check_overrides
 
-    check_overrides(args.overrides)
     models = _models(args.overrides, args.multirun)
+    check_overrides((["-m"] if args.multirun else []) + args.overrides)
     fixed = [o for o in args.overrides if not o.startswith("model=")]
     target = next((o.split("=", 1)[1] for o in fixed if o.startswith("target=")), "none")
     # memory.plan=X (not none): each model is searched with memory.plan=none and with X, side by side

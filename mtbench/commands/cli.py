@@ -74,8 +74,10 @@ def main(argv: Optional[List[str]] = None) -> None:
     if args and registry.find(args[0]) is not None:
         sys.exit(registry.call(args[0], args[1:]))
     try:
-        check_overrides([a for a in args if a not in ("--help", "-h")])
-        if "--help" in args or "-h" in args:
+        asks_help = "--help" in args or "-h" in args
+        # the help shows the defaults for a sweep's lists (`model=a,b`): checked as the sweep's would be
+        check_overrides((["-m"] if asks_help else []) + [a for a in args if a not in ("--help", "-h")])
+        if asks_help:
             print_help(args)
             return
     except UsageError as exc:
