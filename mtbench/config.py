@@ -1,4 +1,8 @@
-"""Where the Hydra configs live, the one place objects are instantiated from config, and job settings."""
+"""Where the Hydra configs live, the one place objects are instantiated from config, and job settings.
+
+Long because it is the one validator: what each `_target_` may build, the job's settings, and every check of the
+command-line overrides and of the composed config before a job runs.
+"""
 from __future__ import annotations
 
 import importlib
@@ -302,7 +306,7 @@ def positive_int(key: str, value: Any, minimum: int = 1) -> int:
         raise UsageError(f"{key}={value!r} is not a number; {allowed}")
     try:
         number = int(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: inf
         raise UsageError(f"{key}={value!r} is not a whole number; {allowed}") from None
     if number != value and str(number) != str(value).strip():
         raise UsageError(f"{key}={value!r} is not a whole number; {allowed}")
@@ -337,28 +341,187 @@ def override_values(override: Any) -> Optional[List[Any]]:
         return None
 
 
-def check_overrides(args: List[str]) -> None:
-    """Reject unknown config-group options and out-of-range numbers among the command-line overrides."""
-    from hydra._internal.utils import get_args_parser
+# sampler.interval_ms: /proc/stat moves every 10 ms, so a period under 1 ms only burns a core; a period over 1 s
+# cannot mark steps (docs/measurement.md)
+INTERVAL_MS_RANGE = (1.0, 1000.0)
+NAME_MAX_BYTES = 255  # one name in a path (Linux NAME_MAX)
+OUTPUT_DIR_KEYS = ("hydra.run.dir", "hydra.sweep.dir")
+PSEUDO_FILE_SYSTEMS = ("/proc", "/sys", "/dev")
+
+
+def interval_ms(key: str, value: Any) -> float:
+    """A sampling period in ms within INTERVAL_MS_RANGE, or a UsageError naming `key` and the range."""
+    low, high = INTERVAL_MS_RANGE
+    allowed = (f"allowed: {low:g} to {high:g} ms (/proc/stat moves every 10 ms; a slower period than "
+               f"{high:g} ms cannot mark steps)")
+    if isinstance(value, bool):
+        raise UsageError(f"{key}={value!r} is not a number; {allowed}")
+    try:
+        number = float(value)
+    except (TypeError, ValueError, OverflowError):
+        raise UsageError(f"{key}={_short(value)} is not a number; {allowed}") from None
+    if not low <= number <= high:  # NaN fails both comparisons
+        raise UsageError(f"{key}={_short(value)} is out of range; {allowed}")
+    return number
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    """repr(value), cut to `limit` characters with its full length said, for one-line messages."""
+    text = repr(value) if not isinstance(value, (int, float)) or isinstance(value, bool) else str(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
+def check_output_dir(key: str, value: Any) -> None:
+    """An explicit hydra.run.dir / hydra.sweep.dir that Hydra could not create or write ends in one line here."""
+    import os
+
+    text = str(value)
+    if "${" in text:
+        return  # an interpolation (the default's date and time): Hydra resolves it
+    if not text.strip():
+        raise UsageError(f"{key}={text!r} is empty; allowed: a folder name")
+    where = f"{key}={_short(text)}"
+    too_long = [name for name in text.split("/") if len(os.fsencode(name)) > NAME_MAX_BYTES]
+    if too_long:
+        raise UsageError(f"{where}: a name in it is {len(os.fsencode(too_long[0]))} bytes; allowed: at most "
+                         f"{NAME_MAX_BYTES} bytes per name")
+    path = os.path.abspath(text)
+    if any(path == root or path.startswith(root + "/") for root in PSEUDO_FILE_SYSTEMS):
+        raise UsageError(f"{where} is under {path.split('/')[1] and '/' + path.split('/')[1]}; allowed: a folder "
+                         f"outside {', '.join(PSEUDO_FILE_SYSTEMS)}")
+    probe = path
+    while not os.path.lexists(probe):
+        probe = os.path.dirname(probe)
+    if not os.path.isdir(probe):
+        raise UsageError(f"{where}: {probe} is an existing file, not a folder; allowed: a folder, or a path where "
+                         "one can be created")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise UsageError(f"{where}: {probe} is not writable by this user; allowed: a folder this user can write in")
+
+
+def _loader() -> Any:
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+    from hydra._internal.utils import create_config_search_path
+
+    return ConfigLoaderImpl(config_search_path=create_config_search_path(str(conf_dir())))
+
+
+def check_composition(overrides: List[str], multirun: bool) -> None:
+    """Compose and resolve the config as the job will (sweep lists of -m left out: each job composes one value),
+    so that what Hydra or OmegaConf would refuse inside the job (a `+key` that exists, a value of the wrong type
+    for its node, an interpolation to no key, a sweep list without -m) ends here in one line."""
+    from hydra.errors import HydraException
+    from hydra.types import RunMode
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        cfg = _loader().load_configuration(config_name="config", overrides=overrides,
+                                           run_mode=RunMode.MULTIRUN if multirun else RunMode.RUN)
+        for key in cfg:  # Hydra resolves its own node (dates, job names) when the job starts
+            if key != "hydra":
+                node = cfg[key]
+                if OmegaConf.is_config(node):
+                    OmegaConf.to_container(node, resolve=True)
+    except (HydraException, OmegaConfBaseException, ValueError, TypeError, OverflowError, RecursionError,
+            OSError) as exc:  # OSError: a group name longer than a file name may be
+        text = " ".join(str(exc).split("\n")[0].split())  # Hydra adds hints and full-key lines below the first
+        raise UsageError(f"{text[:300] or type(exc).__name__}; see docs/configuration.md") from None
+
+
+def _config_keys(choices: Dict[str, List[str]]) -> Optional[set]:
+    """Every dotted key of the config composed with each listed group option (their union), Hydra's own left out."""
+    from hydra.types import RunMode
+    from omegaconf import OmegaConf
+
+    runs = [[]] + [[f"{group}={value}"] for group, values in choices.items() for value in values]
+    keys: set = set()
+    for overrides in runs:
+        if tuple(overrides) not in _KEYS_CACHE:
+            try:
+                cfg = _loader().load_configuration(config_name="config", overrides=overrides, run_mode=RunMode.RUN)
+            except Exception:  # noqa: BLE001 - a choice that does not compose: check_composition says why
+                return None
+            tree = OmegaConf.to_container(cfg, resolve=False)
+            tree.pop("hydra", None)
+            _KEYS_CACHE[tuple(overrides)] = set(_walk(tree))
+        keys |= _KEYS_CACHE[tuple(overrides)]
+    return keys
+
+
+_KEYS_CACHE: Dict[tuple, set] = {}
+
+
+def _walk(node: Any, prefix: str = "") -> List[str]:
+    keys = []
+    if isinstance(node, dict):
+        for key, value in node.items():
+            dotted = f"{prefix}.{key}" if prefix else str(key)
+            keys.append(dotted)
+            keys.extend(_walk(value, dotted))
+    return keys
+
+
+def check_known_key(key: str, keys: set) -> None:
+    """`key` is in the composed config, or a UsageError names it and the closest known key."""
+    import difflib
+
+    if key in keys:
+        return
+    close = difflib.get_close_matches(key, sorted(keys), n=1, cutoff=0.6)
+    hint = f"did you mean {close[0]}?" if close else "allowed: a key of the composed config (mtbench --help lists them)"
+    name = key if len(key) <= 60 and key.isprintable() else _short(key)
+    raise UsageError(f"unknown key {name}; {hint} (+{name}=VALUE adds a new key)")
+
+
+def _parse_each(args: List[str]) -> list:
+    """Hydra's parse of every override, one at a time, so that a failure names the override that caused it."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
 
-    try:
-        parsed = get_args_parser().parse_args(args)
-    except SystemExit:  # argparse already printed its one-line usage error
-        raise
-    try:
-        overrides = OverridesParser.create().parse_overrides(parsed.overrides)
-    except HydraException as exc:
-        raise UsageError(str(exc).splitlines()[0]) from None
+    parser = OverridesParser.create()
+    overrides = []
+    for arg in args:
+        try:
+            overrides.extend(parser.parse_overrides([arg]))
+        except HydraException as exc:
+            raise UsageError(f"{_short(arg)} is not an override Hydra can read ({str(exc).splitlines()[0][:120]}); "
+                             "allowed: key=value (see docs/configuration.md)") from None
+        except (ValueError, OverflowError, RecursionError) as exc:  # e.g. an int of more than 4300 digits
+            raise UsageError(f"{_short(arg)} cannot be read ({str(exc).split(';')[0][:120]}); allowed: key=value "
+                             "with a number of at most 4300 digits") from None
+    return overrides
+
+
+def check_overrides(args: List[str]) -> None:
+    """Reject unknown keys, unknown config-group options, out-of-range numbers and output folders that cannot be
+    written among the command-line overrides, each in one line (a UsageError)."""
+    from hydra._internal.utils import get_args_parser
+
+    parser = get_args_parser()
+
+    def refuse(message: str) -> None:  # Hydra's argparse would print its usage and exit: one line instead
+        raise UsageError(message)
+
+    parser.error = refuse  # type: ignore[assignment]
+    parsed, _ = parser.parse_known_args(args)
+    overrides = _parse_each(parsed.overrides)
+    choices: Dict[str, List[str]] = {}
     for override in overrides:
+        if override.key_or_group in GROUPS and not override.is_delete():
+            values = override_values(override) or []
+            choices[override.key_or_group] = [str(v) for v in values]
+    for override in overrides:
+        key = override.key_or_group
         if override.is_delete():
             continue
-        key = override.key_or_group
         values = override_values(override)
         if values is None:
             continue
-        if key.endswith("_target_") and not key.startswith("hydra."):  # Hydra's own nodes (launcher, sweeper)
+        if key in OUTPUT_DIR_KEYS:
+            for value in values:
+                check_output_dir(key, value)
+        elif key.endswith("_target_") and not key.startswith("hydra."):  # Hydra's own nodes (launcher, sweeper)
             where = key[:-len("_target_")].rstrip(".")
             for value in values:
                 check_target(str(value), where)
@@ -366,19 +529,40 @@ def check_overrides(args: List[str]) -> None:
             allowed = group_options(key)
             for value in values:
                 if str(value) not in allowed:
-                    raise UsageError(f"{key}={value!r} is not known; allowed: {', '.join(allowed)}")
+                    raise UsageError(f"{key}={_short(value)} is not known; allowed: {', '.join(allowed)}")
         elif key in INT_KEYS:
             for value in values:
                 positive_int(key, value, minimum=INT_KEYS[key])
         elif key in FLOAT_KEYS:
             for value in values:
-                positive_float(key, value)
+                interval_ms(key, value)
         elif key in BOOL_KEYS:
             for value in values:
                 if not isinstance(value, bool):
-                    raise UsageError(f"{key}={value!r} is not known; allowed: true, false")
+                    raise UsageError(f"{key}={_short(value)} is not known; allowed: true, false")
         elif key in ("objective", "device_lock"):
             allowed = list(OBJECTIVES) if key == "objective" else LOCK_MODES
             for value in values:
                 if value not in allowed:
-                    raise UsageError(f"{key}={value!r} is not known; allowed: {', '.join(allowed)}")
+                    raise UsageError(f"{key}={_short(value)} is not known; allowed: {', '.join(allowed)}")
+    unknown = [o.key_or_group for o in overrides
+               if not (o.is_add() or o.is_force_add() or o.key_or_group in GROUPS or o.package is not None
+                       or o.key_or_group.startswith("hydra") or "/" in o.key_or_group)]
+    if unknown:
+        keys = _config_keys({g: v for g, v in choices.items() if all(x in group_options(g) for x in v)})
+        for key in unknown if keys is not None else []:
+            check_known_key(key, keys)
+    trial = [a for a, o in zip(parsed.overrides, overrides) if not (parsed.multirun and o.is_sweep_override())]
+    check_composition(trial, parsed.multirun)
+
+
+def check_composed(cfg: Any) -> str:
+    """The composed config's own values a job cannot start without (an experiment YAML sets them too, past the
+    command line's checks); returns the objective."""
+    objective = str(cfg.get("objective", "step_time_s"))
+    if objective not in OBJECTIVES:
+        raise UsageError(f"objective={_short(objective)} is not known; allowed: {', '.join(OBJECTIVES)}")
+    sampler = cfg.get("sampler")
+    if sampler is not None and sampler.get("interval_ms") is not None:
+        interval_ms("sampler.interval_ms", sampler.get("interval_ms"))
+    return objective

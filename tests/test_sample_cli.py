@@ -94,12 +94,95 @@ def test_marked_steps_and_exit_code_pass_through(tmp_path):
     ([], "no command given"),
     (["--sensors", "bogus", "--", "true"], "sensor 'bogus' is not known"),
     (["--sensors", "jetson", "--sysfs-root", "/nonexistent", "--", "true"], "sensor jetson"),
-    (["--interval-ms", "0", "--", "true"], "--interval-ms=0.0 is out of range"),
+    (["--interval-ms", "0", "--", "true"], "--interval-ms=0.0 is out of range; allowed: 1 to 1000 ms"),
+    (["--interval-ms", "0.001", "--", "true"], "--interval-ms=0.001 is out of range"),
+    (["--interval-ms", "inf", "--", "true"], "--interval-ms=inf is out of range"),
+    (["--interval-ms", "nan", "--", "true"], "--interval-ms=nan is out of range"),
+    (["--interval-ms", "100000", "--", "true"], "--interval-ms=100000.0 is out of range"),
+    (["--warmup", "x", "--", "true"], "argument --warmup: invalid int value: 'x'"),
 ])
 def test_bad_input(args, needle, tmp_path):
     proc = sample("--out", str(tmp_path / "o"), *args)
     assert proc.returncode == 2
     assert needle in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+def test_a_file_as_out_is_one_line(tmp_path):
+    planted = tmp_path / "a-file"
+    planted.write_text("keep me")
+    proc = sample("--sensors", "none", "--out", str(planted), "--", "true")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.strip().splitlines() == [f"mtbench-sample: error: --out {planted} is an existing file; "
+                                                "allowed: a folder, or a path where one can be created"]
+    assert planted.read_text() == "keep me"
+
+
+BAD_MARKS = """
+import os
+with open(os.environ["MTBENCH_STEP_FILE"], "a") as f:
+    f.write("nan nan\\n5 1\\n3 3\\n1 inf\\njunk\\n")
+from mtbench.marker import step
+for i in range(3):
+    with step():
+        sum(range(10000))
+"""
+
+
+def test_bad_step_marks_are_refused_with_a_counted_warning(tmp_path):
+    proc = sample("--sensors", "none", "--out", str(tmp_path), "--", sys.executable, "-c", BAD_MARKS)
+    assert proc.returncode == 0, proc.stderr
+    s = json.loads((tmp_path / "summary.json").read_text())
+    assert s["measured_steps"] == 3 and s["window"] == "marked steps" and s["success"] is True
+    assert s["step_time_s"]["min"] > 0 and s["step_time_s"]["max"] < 1
+    warnings = [line for line in proc.stderr.splitlines() if "warning" in line]
+    assert len(warnings) == 1 and "5 step mark(s)" in warnings[0] and "steps.txt" in warnings[0], proc.stderr
+    with open(tmp_path / "steps.csv") as f:
+        assert len(list(csv.DictReader(f))) == 3
+
+
+def test_the_marker_never_raises_into_the_program(monkeypatch, tmp_path, capsys):
+    from mtbench import marker
+
+    monkeypatch.setattr(marker, "_warned", False)
+    stale = tmp_path / "gone" / "steps.txt"  # an old run's folder, removed
+    monkeypatch.setenv(marker.ENV, str(stale))
+    for _ in range(3):
+        with marker.step():
+            pass
+    assert not stale.parent.exists()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "cannot write step marks" in err[0] and str(stale) in err[0]
+    read_only = tmp_path / "ro.txt"
+    read_only.write_text("")
+    monkeypatch.setenv(marker.ENV, str(tmp_path))  # a folder, not a file: no write can succeed, even as root
+    with marker.step():
+        pass
+    assert read_only.read_text() == "" and capsys.readouterr().err == ""  # warned once only
+
+
+def test_the_marker_warns_on_a_read_only_step_file(tmp_path):
+    # root writes any file: run the program as another user, as a shared board's user would
+    import shutil
+    import tempfile
+
+    if shutil.which("setpriv") is None or os.geteuid() != 0:
+        pytest.skip("needs root and setpriv to run as another user")
+    base = tempfile.mkdtemp(prefix="mtbench-marker-")
+    try:
+        os.chmod(base, 0o755)
+        steps = os.path.join(base, "steps.txt")
+        with open(steps, "w") as f:
+            f.write("1.0 2.0\n")
+        os.chmod(steps, 0o444)
+        code = "from mtbench.marker import step\nfor i in range(2):\n    with step(): pass\nprint('done')"
+        proc = subprocess.run(["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", sys.executable,
+                               "-c", code], env=dict(os.environ, PYTHONPATH=str(REPO), MTBENCH_STEP_FILE=steps),
+                              capture_output=True, text=True, timeout=60, cwd=base)
+        assert proc.returncode == 0 and proc.stdout.strip() == "done", proc.stderr
+        assert proc.stderr.count("cannot write step marks") == 1 and "PermissionError" in proc.stderr
+        assert open(steps).read() == "1.0 2.0\n"
+    finally:
+        shutil.rmtree(base)
 
 
 def test_unknown_command(tmp_path):

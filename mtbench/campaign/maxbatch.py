@@ -213,11 +213,10 @@ def _models(overrides: List[str], multirun: bool) -> List[str]:
     return names
 
 
-def _parse(argv: List[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="mtbench maxbatch",
-        description="The largest batch that trains within a target's memory budget: doubling, then bisection; "
-                    "each probe a short real job (1 warm-up step, 1 measured) in its own process.")
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """`mtbench maxbatch [-m] model=X target=T [options] [key=value ...]`."""
+    parser.description = ("The largest batch that trains within a target's memory budget: doubling, then bisection; "
+                          "each probe a short real job (1 warm-up step, 1 measured) in its own process.")
     parser.add_argument("-m", "--multirun", action="store_true", help="search each model of model=a,b,c")
     # 2, not 1: a BatchNorm over 1x1 maps (ResNet, MobileNetV2 on 32x32 inputs) cannot train on one sample
     parser.add_argument("--start", type=int, default=2, help="first batch probed (default 2)")
@@ -227,7 +226,17 @@ def _parse(argv: List[str]) -> argparse.Namespace:
     parser.add_argument("--out", default=None, help="folder for maxbatch.json and the probes' job folders "
                                                     "(default maxbatch/<date>/<time>)")
     parser.add_argument("overrides", nargs="*", help="key=value, as for a job (model=..., target=..., device=...)")
-    args = parser.parse_args(argv)
+
+
+def _parse(argv: List[str]) -> argparse.Namespace:
+    from mtbench.errors import ArgumentParser
+
+    parser = ArgumentParser(prog="mtbench maxbatch")
+    add_arguments(parser)
+    return parser.parse_intermixed_args(argv)
+
+
+def _check(args: argparse.Namespace) -> None:
     if args.start < 1 or args.limit < args.start:
         raise UsageError(f"--start={args.start} --limit={args.limit}: allowed: 1 <= start <= limit")
     if not 0 < args.tolerance < 1:
@@ -235,49 +244,57 @@ def _parse(argv: List[str]) -> argparse.Namespace:
     for key in ("batch", "warmup", "steps"):
         if any(o.split("=", 1)[0] == key for o in args.overrides):
             raise UsageError(f"{key}= is set by maxbatch itself (each probe: batch=<searched> {' '.join(PROBE)})")
-    return args
+    if not any(o.split("=", 1)[0] == "model" for o in args.overrides):
+        raise UsageError("maxbatch needs model=NAME (or -m model=a,b,...); allowed: a model `mtbench models` lists")
 
 
 def main(argv: Optional[List[str]] = None, prober: Optional[Callable[[List[str], int, Path], Probe]] = None) -> int:
-    """`mtbench maxbatch [-m] model=X target=T [key=value ...]`: prints a table, writes maxbatch.json; exit code 0."""
+    """`mtbench maxbatch ...` from an argument list; returns the exit status (2 after a one-line error)."""
+    from mtbench.errors import print_error
+
     try:
-        args = _parse(list(sys.argv[1:] if argv is None else argv))
-        from mtbench.config import check_overrides
-
-        check_overrides(args.overrides)
-        models = _models(args.overrides, args.multirun)
-        fixed = [o for o in args.overrides if not o.startswith("model=")]
-        target = next((o.split("=", 1)[1] for o in fixed if o.startswith("target=")), "none")
-        # memory.plan=X (not none): each model is searched with memory.plan=none and with X, side by side
-        plan = next((o.split("=", 1)[1] for o in fixed if o.startswith("memory.plan=")), "none")
-        fixed = [o for o in fixed if not o.startswith("memory.plan=")]
-        plans = ["none"] if plan == "none" else ["none", plan]
-        if target == "none" and not any(o.startswith(("memory.budget_gb=", "target.memory_budget_bytes="))
-                                        for o in fixed):
-            raise UsageError("maxbatch needs a target with a budget; allowed: target=tx2, nano, xavier_nx, "
-                             "agx_xavier, orin_nano, orin_nx, agx_orin (or a GPU's own memory: target=none is "
-                             "not searched)")
-        out = Path(args.out or Path("maxbatch") / datetime.now().strftime("%Y-%m-%d/%H-%M-%S"))
-        prober = prober or default_prober()
-        results = []
-        for model in models:
-            for plan in plans:
-                print(f"maxbatch: {model} with {' '.join(fixed + [f'memory.plan={plan}'])}", flush=True)
-                overrides = [f"model={model}", *fixed] + ([f"memory.plan={plan}"] if len(plans) > 1 else [])
-                folder = out / model / plan if len(plans) > 1 else out / model
-
-                def fits_at(batch: int, overrides: List[str] = overrides, folder: Path = folder) -> Probe:
-                    p = prober(overrides, batch, folder / f"b{batch}")
-                    verdict = "fits" if p.fits else f"does not fit ({p.kind})"
-                    print(f"    batch {batch}: {verdict}{f' under {p.plan}' if p.plan else ''}, {p.seconds:.0f} s",
-                          flush=True)
-                    return p
-
-                results.append(search(fits_at, args.start, args.limit, args.tolerance, model=model))
-                results[-1].plan = plan
+        return run(_parse(list(sys.argv[1:] if argv is None else argv)), prober)
     except UsageError as exc:
-        print(f"mtbench: error: {exc}", file=sys.stderr)
-        return 2
+        return print_error(exc)
+
+
+def run(args: argparse.Namespace, prober: Optional[Callable[[List[str], int, Path], Probe]] = None) -> int:
+    """Searches each model; prints a table, writes maxbatch.json; exit status 0, or 1 when a search stopped on an
+    error. A bad argument raises UsageError (before any probe)."""
+    _check(args)
+    from mtbench.config import check_overrides
+
+    models = _models(args.overrides, args.multirun)
+    check_overrides((["-m"] if args.multirun else []) + args.overrides)
+    fixed = [o for o in args.overrides if not o.startswith("model=")]
+    target = next((o.split("=", 1)[1] for o in fixed if o.startswith("target=")), "none")
+    # memory.plan=X (not none): each model is searched with memory.plan=none and with X, side by side
+    plan = next((o.split("=", 1)[1] for o in fixed if o.startswith("memory.plan=")), "none")
+    fixed = [o for o in fixed if not o.startswith("memory.plan=")]
+    plans = ["none"] if plan == "none" else ["none", plan]
+    if target == "none" and not any(o.startswith(("memory.budget_gb=", "target.memory_budget_bytes="))
+                                    for o in fixed):
+        raise UsageError("maxbatch needs a target with a budget; allowed: target=tx2, nano, xavier_nx, "
+                         "agx_xavier, orin_nano, orin_nx, agx_orin (or a GPU's own memory: target=none is "
+                         "not searched)")
+    out = Path(args.out or Path("maxbatch") / datetime.now().strftime("%Y-%m-%d/%H-%M-%S"))
+    prober = prober or default_prober()
+    results = []
+    for model in models:
+        for plan in plans:
+            print(f"maxbatch: {model} with {' '.join(fixed + [f'memory.plan={plan}'])}", flush=True)
+            overrides = [f"model={model}", *fixed] + ([f"memory.plan={plan}"] if len(plans) > 1 else [])
+            folder = out / model / plan if len(plans) > 1 else out / model
+
+            def fits_at(batch: int, overrides: List[str] = overrides, folder: Path = folder) -> Probe:
+                p = prober(overrides, batch, folder / f"b{batch}")
+                verdict = "fits" if p.fits else f"does not fit ({p.kind})"
+                print(f"    batch {batch}: {verdict}{f' under {p.plan}' if p.plan else ''}, {p.seconds:.0f} s",
+                      flush=True)
+                return p
+
+            results.append(search(fits_at, args.start, args.limit, args.tolerance, model=model))
+            results[-1].plan = plan
     write(out, results, fixed, target, args)
     print_table(results, target)
     print(f"results in {out / 'maxbatch.json'}")

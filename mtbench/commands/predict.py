@@ -1,9 +1,9 @@
 """`mtbench predict` (one job or `-m` lists, a table, predict.json / predict.csv) and `mtbench calibrate DIR`."""
 from __future__ import annotations
 
+import argparse
 import csv
 import io
-import sys
 import time
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
@@ -17,28 +17,25 @@ CALIBRATE_USAGE = ("mtbench calibrate DIR [target=T] [out=FILE] [time_stat=media
 _OWN_KEYS = ("model", "batch", "target", "device", "max_batch", "calibration", "out", "time_stat")
 
 
-def _fail(message: str) -> int:
-    print(f"mtbench: error: {message}", file=sys.stderr)
-    return 2
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.usage = PREDICT_USAGE
+    parser.add_argument("-m", "--multirun", action="store_true", help="comma lists of models and batches")
+    parser.add_argument("settings", nargs="*", metavar="key=value",
+                        help=f"{', '.join(k + '=' for k in _OWN_KEYS)} and overrides of the config")
 
 
-def _parse(argv: List[str], usage: str) -> Tuple[bool, Dict[str, str], List[str], List[str]]:
-    """(sweep?, our key=value settings, other overrides for the config, positional arguments)."""
-    sweep, own, rest, positional = False, {}, [], []
-    for arg in argv:
-        if arg in ("-m", "--multirun"):
-            sweep = True
-        elif arg in ("-h", "--help"):
-            raise UsageError(f"usage: {usage}")
-        elif "=" in arg:
-            key, value = arg.split("=", 1)
-            if key in _OWN_KEYS:
-                own[key] = value
-            else:
-                rest.append(arg)
-        else:
+def split_settings(items: List[str], usage: str) -> Tuple[Dict[str, str], List[str], List[str]]:
+    """(our key=value settings, other overrides for the config, arguments that are not key=value)."""
+    own, rest, positional = {}, [], []
+    for arg in items:
+        key, sep, value = arg.partition("=")
+        if not sep:
             positional.append(arg)
-    return sweep, own, rest, positional
+        elif key in _OWN_KEYS:
+            own[key] = value
+        else:
+            rest.append(arg)
+    return own, rest, positional
 
 
 def _batches(text: str, sweep: bool) -> List[int]:
@@ -58,39 +55,49 @@ def _bool(key: str, text: str) -> bool:
 
 def main_predict(argv: Optional[List[str]] = None) -> int:
     """`mtbench predict ...`; returns the exit status (0, or 2 after a one-line error)."""
+    from mtbench.commands.registry import call
+
+    return call("predict", argv)
+
+
+def main_calibrate(argv: Optional[List[str]] = None) -> int:
+    """`mtbench calibrate DIR ...`; returns the exit status (0, or 2 after a one-line error)."""
+    from mtbench.commands.registry import call
+
+    return call("calibrate", argv)
+
+
+def run(args: argparse.Namespace) -> int:
     from mtbench.predict import require_torch
 
-    args = list(sys.argv[1:] if argv is None else argv)
-    try:
-        require_torch()
-        sweep, own, rest, positional = _parse(args, PREDICT_USAGE)
-        if positional:
-            raise UsageError(f"{positional[0]!r} is not key=value; usage: {PREDICT_USAGE}")
-        if "model" not in own or "batch" not in own:
-            raise UsageError(f"model= and batch= are required; usage: {PREDICT_USAGE}")
-        models = own["model"].split(",")
-        if len(models) > 1 and not sweep:
-            raise UsageError(f"model={own['model']!r} is a list; a list needs -m (mtbench predict -m ...)")
-        batches = _batches(own["batch"], sweep)
-        want_max = _bool("max_batch", own.get("max_batch", "true"))
-        from mtbench.config import group_options
+    require_torch()
+    sweep = args.multirun
+    own, rest, positional = split_settings(args.settings, PREDICT_USAGE)
+    if positional:
+        raise UsageError(f"{positional[0]!r} is not key=value; usage: {PREDICT_USAGE}")
+    if "model" not in own or "batch" not in own:
+        raise UsageError(f"model= and batch= are required; usage: {PREDICT_USAGE}")
+    models = own["model"].split(",")
+    if len(models) > 1 and not sweep:
+        raise UsageError(f"model={own['model']!r} is a list; a list needs -m (mtbench predict -m ...)")
+    batches = _batches(own["batch"], sweep)
+    want_max = _bool("max_batch", own.get("max_batch", "true"))
+    from mtbench.config import group_options
 
-        target = own.get("target", "none")
-        if target not in group_options("target"):
-            raise UsageError(f"target={target!r} is not known; allowed: {', '.join(group_options('target'))}")
-        for m in models:
-            if m not in group_options("model"):
-                raise UsageError(f"model={m!r} is not known; allowed: {', '.join(group_options('model'))}")
-        if own.get("calibration") and not Path(own["calibration"]).is_file():
-            raise UsageError(f"calibration={own['calibration']!r} is not a file; allowed: a file `mtbench calibrate` "
-                             f"wrote")
-        from mtbench.predict.predictor import Predictor
+    target = own.get("target", "none")
+    if target not in group_options("target"):
+        raise UsageError(f"target={target!r} is not known; allowed: {', '.join(group_options('target'))}")
+    for m in models:
+        if m not in group_options("model"):
+            raise UsageError(f"model={m!r} is not known; allowed: {', '.join(group_options('model'))}")
+    if own.get("calibration") and not Path(own["calibration"]).is_file():
+        raise UsageError(f"calibration={own['calibration']!r} is not a file; allowed: a file `mtbench calibrate` "
+                         f"wrote")
+    from mtbench.predict.predictor import Predictor
 
-        predictor = Predictor(target_name=target, device=own.get("device", "auto"), overrides=tuple(rest),
-                              calibration_path=own.get("calibration"))
-        out_dir = Path(own.get("out") or Path("outputs") / "predict" / time.strftime("%Y-%m-%d_%H-%M-%S"))
-    except UsageError as exc:
-        return _fail(str(exc))
+    predictor = Predictor(target_name=target, device=own.get("device", "auto"), overrides=tuple(rest),
+                          calibration_path=own.get("calibration"))
+    out_dir = Path(own.get("out") or Path("outputs") / "predict" / time.strftime("%Y-%m-%d_%H-%M-%S"))
     rows = run_predictions(predictor, models, batches, want_max)
     print_table(rows, predictor)
     write(rows, out_dir)
@@ -184,25 +191,3 @@ def write(rows: list, out_dir: Path) -> None:
         d.update(r.breakdown_bytes or {})
         w.writerow(["" if d.get(c) is None else d.get(c) for c in CSV_COLUMNS])
     (out_dir / "predict.csv").write_text(buf.getvalue())
-
-
-def main_calibrate(argv: Optional[List[str]] = None) -> int:
-    """`mtbench calibrate DIR [target=T] [out=FILE]`; returns the exit status."""
-    from mtbench.predict import require_torch
-
-    args = list(sys.argv[1:] if argv is None else argv)
-    try:
-        require_torch()
-        _, own, rest, positional = _parse(args, CALIBRATE_USAGE)
-        if len(positional) != 1:
-            raise UsageError(f"one sweep folder is needed; usage: {CALIBRATE_USAGE}")
-        from mtbench.predict.fit import calibrate
-
-        cal, path, report = calibrate(Path(positional[0]), target=own.get("target"), out=own.get("out"),
-                                      overrides=tuple(rest), time_stat=own.get("time_stat", "median"))
-    except UsageError as exc:
-        return _fail(str(exc))
-    for line in report:
-        print(line)
-    print(f"calibration for {cal.key} written to {path}")
-    return 0

@@ -8,6 +8,7 @@ mtbench/marker.py: the file named by MTBENCH_STEP_FILE).
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import signal
 import subprocess
@@ -17,26 +18,29 @@ from datetime import datetime
 from pathlib import Path
 from typing import List, Optional, Tuple
 
+from mtbench.commands.registry import SAMPLE
 from mtbench.device import env
+from mtbench.errors import ArgumentParser, UsageError, print_error
 from mtbench.results import files as results
 from mtbench.marker import ENV as STEP_FILE_ENV
 from mtbench.sampling import SENSORS, Sampler, SensorUnavailable, StepMark, open_sensors, windows
 from mtbench.sampling.procfs import ProcfsSensor
 
 
-def _fail(message: str) -> None:
-    print(f"mtbench-sample: error: {message}", file=sys.stderr)
-    sys.exit(2)
+PROG = "mtbench-sample"
 
 
 def parse_args(argv: List[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="mtbench-sample",
-        description="Run CMD and sample CPU per core, the RSS and CPU time of its process tree and every "
+    """The options and the command; a bad one raises UsageError."""
+    from mtbench.config import interval_ms
+
+    parser = ArgumentParser(
+        prog=PROG,
+        description=SAMPLE.summary + ": CPU per core, the RSS and CPU time of its process tree and every "
                     "available sensor until it exits.",
         epilog="Mark steps from the program: `from mtbench.marker import step; with step(): ...`, or append "
                f"'<start> <end>' monotonic seconds per line to the file ${STEP_FILE_ENV}.")
-    parser.add_argument("--interval-ms", type=float, default=5.0, help="sampling period (default 5)")
+    parser.add_argument("--interval-ms", type=float, default=5.0, help="sampling period, 1 to 1000 ms (default 5)")
     parser.add_argument("--sensors", default="auto",
                         help=f"comma-separated sensors besides procfs ({', '.join(s for s in SENSORS if s != 'procfs')}), "
                              "'auto' (default: every available one) or 'none'")
@@ -50,34 +54,58 @@ def parse_args(argv: List[str]) -> argparse.Namespace:
     if args.command and args.command[0] == "--":
         args.command = args.command[1:]
     if not args.command:
-        _fail("no command given; usage: mtbench-sample [options] -- CMD ARGS...")
-    if not args.interval_ms > 0:
-        _fail(f"--interval-ms={args.interval_ms} is out of range; allowed: a number > 0")
+        raise UsageError("no command given; usage: mtbench-sample [options] -- CMD ARGS...")
+    interval_ms("--interval-ms", args.interval_ms)
     if args.warmup < 0:
-        _fail(f"--warmup={args.warmup} is out of range; allowed: a whole number >= 0")
+        raise UsageError(f"--warmup={args.warmup} is out of range; allowed: a whole number >= 0")
     if not args.kill_after_s >= 0:
-        _fail(f"--kill-after-s={args.kill_after_s} is out of range; allowed: a number >= 0")
+        raise UsageError(f"--kill-after-s={args.kill_after_s} is out of range; allowed: a number >= 0")
     return args
 
 
-def read_marks(path: Path, warmup: int) -> List[StepMark]:
-    marks = []
-    if not path.exists():
-        return marks
-    for line in path.read_text().splitlines():
+def make_out(out: Path) -> None:
+    """The output folder, created; a file there, or a folder that cannot be made, is a UsageError."""
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out} is an existing file; allowed: a folder, or a path where one can be created")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"--out {out}: cannot create the folder ({exc.strerror}); allowed: a folder this user "
+                         "can write in") from None
+
+
+def read_marks(path: Path, warmup: int) -> Tuple[List[StepMark], List[str]]:
+    """The good step marks of the step file, and the lines refused (not two numbers, NaN or infinite, or an end
+    that is not after its start): a bad mark is left out, never turned into a figure."""
+    marks: List[StepMark] = []
+    refused: List[str] = []
+    if not path.is_file():
+        return marks, refused
+    for line in path.read_text(errors="replace").splitlines():
         parts = line.split()
         try:
             start, end = float(parts[0]), float(parts[1])
         except (IndexError, ValueError):
-            continue  # a malformed line is skipped, not fatal
+            refused.append(line)
+            continue
+        if not (math.isfinite(start) and math.isfinite(end) and end > start):
+            refused.append(line)
+            continue
         marks.append(StepMark(len(marks), start, end, len(marks) < warmup))
-    return marks
+    return marks, refused
 
 
 def main(argv: Optional[List[str]] = None) -> None:
-    args = parse_args(list(sys.argv[1:] if argv is None else argv))
-    out = Path(args.out or Path("mtbench-sample") / datetime.now().strftime("%Y-%m-%d/%H-%M-%S"))
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        args = parse_args(list(sys.argv[1:] if argv is None else argv))
+        out = Path(args.out or Path("mtbench-sample") / datetime.now().strftime("%Y-%m-%d/%H-%M-%S"))
+        make_out(out)
+    except UsageError as exc:
+        sys.exit(print_error(exc, PROG))
+    sys.exit(run(args, out))
+
+
+def run(args: argparse.Namespace, out: Path) -> int:
     names = [n for n in args.sensors.split(",") if n and n not in ("none", "procfs")]
     options = {"jetson": {"sysfs_root": args.sysfs_root}, "rapl": {"sysfs_root": args.sysfs_root}}
     try:
@@ -85,7 +113,7 @@ def main(argv: Optional[List[str]] = None) -> None:
         extra, status = open_sensors([n for n in names if n != "auto"] or (["auto"] if "auto" in names else []),
                                      options) if names else ([], [])
     except SensorUnavailable as exc:
-        _fail(str(exc))
+        return print_error(exc, PROG)
     extra = [s for s in extra if s.name != "procfs"]
     status = [s for s in status if s["name"] != "procfs"]
     step_file = out / "steps.txt"
@@ -95,7 +123,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     try:
         child = subprocess.Popen(args.command, env=child_env)
     except OSError as exc:
-        _fail(f"cannot run {args.command[0]!r}: {exc.strerror}")
+        return print_error(UsageError(f"cannot run {args.command[0]!r}: {exc.strerror}"), PROG)
     procfs = ProcfsSensor(pid=child.pid, tree=True)
     status.insert(0, {"name": "procfs", "available": True, "reason": None, "fields": [f.name for f in procfs.fields()]})
     sampler = Sampler([procfs] + extra, args.interval_ms).start()
@@ -105,13 +133,16 @@ def main(argv: Optional[List[str]] = None) -> None:
     samples = sampler.stop()
     for sensor in sampler.sensors:
         sensor.close()
-    marks = read_marks(step_file, args.warmup)
+    marks, refused = read_marks(step_file, args.warmup)
     for m in marks:
         sampler.mark_step(m.index, m.start_s, m.end_s, m.warmup)
     write(out, args, code, interrupted, samples, sampler, marks, status, t_start, t_end)
+    if refused:
+        print(f"{PROG}: warning: {len(refused)} step mark(s) of {step_file} refused (allowed: '<start> <end>', "
+              f"finite monotonic seconds, end after start); first: {refused[0][:60]!r}", file=sys.stderr)
     if interrupted:
-        sys.exit(130)  # as a shell reports Ctrl-C
-    sys.exit(code if code >= 0 else 128 - code)  # a signal -N exits as 128 + N, as a shell reports it
+        return 130  # as a shell reports Ctrl-C
+    return code if code >= 0 else 128 - code  # a signal -N exits as 128 + N, as a shell reports it
 
 
 def wait_for(child: subprocess.Popen, kill_after_s: float) -> Tuple[int, bool]:

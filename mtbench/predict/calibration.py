@@ -2,12 +2,16 @@
 from __future__ import annotations
 
 import json
+import math
 import os
+import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 import numpy as np
+
+from mtbench.errors import UsageError
 
 SCHEMA = "mtbench.calibration/1"
 # Where calibrations live: $MTBENCH_CALIBRATION_DIR, else ~/.cache/mtbench/calibration/<target>-<device>.json
@@ -91,15 +95,55 @@ def save(cal: Calibration, path: Optional[Path] = None) -> Path:
     return path
 
 
+MAX_FILE_BYTES = 1 << 20  # a calibration is a few KB: a larger file is not one
+
+
 def load(key: str, path: Optional[Path] = None) -> Optional[Calibration]:
-    """The stored calibration for `key` (or the file `path`); None when there is none."""
-    path = Path(path) if path is not None else calibration_dir() / f"{key}.json"
+    """The stored calibration for `key`, or the file `path` the user named; None when there is none.
+
+    A named file that is not a calibration is a UsageError (one line). A stored one that is not (a torn write, a
+    hand edit, another version's schema) is left out with a one-line warning naming it, so that one bad file does
+    not stop every later prediction; `mtbench calibrate` writes it again."""
+    named = path is not None
+    path = Path(path) if named else calibration_dir() / f"{key}.json"
     if not path.is_file():
         return None
-    data = json.loads(path.read_text())
-    if data.get("schema") != SCHEMA:
+    try:
+        return _read(path)
+    except ValueError as exc:
+        if named:
+            raise UsageError(f"calibration={path} is not a calibration file ({exc}); allowed: a file "
+                             "`mtbench calibrate` wrote") from None
+        print(f"mtbench: warning: the stored calibration {path} is left out ({exc}); `mtbench calibrate` writes it "
+              "again", file=sys.stderr)
         return None
-    return Calibration(**{k: v for k, v in data.items() if k in Calibration.__dataclass_fields__})
+
+
+def _read(path: Path) -> Optional[Calibration]:
+    """The calibration in `path`; ValueError says why it is not one (None: another schema, not ours to read)."""
+    if path.stat().st_size > MAX_FILE_BYTES:
+        raise ValueError(f"{path.stat().st_size} bytes, over {MAX_FILE_BYTES}")
+    try:
+        data = json.loads(path.read_bytes().decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise ValueError(f"not JSON: {type(exc).__name__}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"a JSON {type(data).__name__}, not an object")
+    if data.get("schema") != SCHEMA:
+        raise ValueError(f"schema {str(data.get('schema'))[:40]!r}, not {SCHEMA}")
+    try:
+        cal = Calibration(**{k: v for k, v in data.items() if k in Calibration.__dataclass_fields__})
+    except TypeError as exc:  # a field missing
+        raise ValueError(str(exc).replace("__init__() ", "")) from None
+    if not all(isinstance(getattr(cal, k), str) for k in ("key", "target", "device_type", "device_name", "created")):
+        raise ValueError("key, target, device_type, device_name and created must be strings")
+    if cal.time_coef is not None and (not isinstance(cal.time_coef, list) or len(cal.time_coef) != len(TIME_FEATURES)):
+        raise ValueError(f"time_coef must be a list of {len(TIME_FEATURES)} numbers")
+    numbers = list(cal.time_coef or []) + [cal.runtime_bytes or 0, cal.runtime_per_op_bytes,
+                                           cal.runtime_per_transient_byte]
+    if not all(isinstance(n, (int, float)) and not isinstance(n, bool) and math.isfinite(n) for n in numbers):
+        raise ValueError("time_coef and runtime_* must be finite numbers")
+    return cal
 
 
 def time_features(flops: float, bytes_moved: float, ops: float, peak_flops: Optional[float],

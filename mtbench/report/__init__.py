@@ -7,6 +7,6 @@ the tables, and PNG figures of the kinds the paper shows, per model across batch
 """
 from __future__ import annotations
 
-from mtbench.report.build import main, make_report
+from mtbench.report.build import make_report
 
-__all__ = ["main", "make_report"]
+__all__ = ["make_report"]

@@ -1,6 +1,7 @@
 """`mtbench report DIR [DIR ...]`: the command, its arguments and where the report goes."""
 from __future__ import annotations
 
+import argparse
 import os
 from pathlib import Path
 from typing import Any, Dict, List, Optional
@@ -69,39 +70,26 @@ def default_out(roots: List[Path]) -> Path:
     return common / "report"
 
 
-USAGE = "usage: mtbench report DIR [DIR ...] [--out OUT]"
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """`mtbench report DIR [DIR ...] [--out OUT]`."""
+    parser.usage = "mtbench report DIR [DIR ...] [--out OUT]"
+    parser.description = ("Writes summary.csv, README.md and figures of every job (summary.json) under each DIR, a "
+                          "run or multirun folder, keyed by the board each job ran on (several DIRs: e.g. one sweep "
+                          "per board). See docs/reports.md.")
+    parser.add_argument("dirs", nargs="*", metavar="DIR", help="a run or multirun folder (searched recursively)")
+    parser.add_argument("--out", nargs="?", const="", default=None, metavar="OUT",
+                        help="where the report goes (default: DIR/report/ for one DIR, the DIRs' common parent's "
+                             "report/ for several)")
 
 
-def parse_args(args: List[str]) -> tuple:
-    """(folders, out or None) from `DIR [DIR ...] [--out OUT]`."""
-    dirs: List[str] = []
-    out: Optional[str] = None
-    i = 0
-    while i < len(args):
-        a = args[i]
-        if a == "--out" or a.startswith("--out="):
-            value = a[len("--out="):] if a.startswith("--out=") else (args[i + 1] if i + 1 < len(args) else "")
-            if not value or value.startswith("-"):
-                raise UsageError(f"report: --out needs a folder ({USAGE})")
-            out = value
-            i += 1 if a.startswith("--out=") else 2
-            continue
-        if a.startswith("-"):
-            raise UsageError(f"report: unknown option {a!r}; allowed: --out OUT, --help ({USAGE})")
-        dirs.append(a)
-        i += 1
-    if not dirs:
-        raise UsageError(f"report: give at least one run or multirun folder ({USAGE})")
-    return dirs, out
-
-
-def main(args: List[str]) -> None:
-    if "--help" in args or "-h" in args:
-        print(f"{USAGE}\n\nWrites summary.csv, README.md and figures of every job (summary.json) under each DIR, "
-              "a run or multirun folder, keyed by the board each job ran on (several DIRs: e.g. one sweep per "
-              "board). OUT: DIR/report/ for one DIR, the DIRs' common parent's report/ for several (see README: "
-              "Reports).")
-        return
-    dirs, out_arg = parse_args(args)
-    out = make_report([Path(d) for d in dirs], Path(out_arg) if out_arg else None)
+def run(args: argparse.Namespace) -> int:
+    unknown = [d for d in args.dirs if d.startswith("-")]
+    if unknown:
+        raise UsageError(f"report: unknown option {unknown[0]!r}; allowed: --out OUT, --help")
+    if args.out == "":
+        raise UsageError("report: --out needs a folder (mtbench report DIR [DIR ...] --out OUT)")
+    if not args.dirs:
+        raise UsageError("report: give at least one run or multirun folder (mtbench report DIR [DIR ...])")
+    out = make_report([Path(d) for d in args.dirs], Path(args.out) if args.out else None)
     print(f"report written to {out}")
+    return 0

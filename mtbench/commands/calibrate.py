@@ -1,0 +1,31 @@
+"""`mtbench calibrate DIR [key=value ...]`: fit the predictor's time and runtime-memory model to a finished sweep."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from mtbench.commands.predict import CALIBRATE_USAGE, split_settings
+from mtbench.errors import UsageError
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.usage = CALIBRATE_USAGE
+    parser.add_argument("settings", nargs="*", metavar="DIR|key=value",
+                        help="the sweep folder; target=, out=, time_stat= and the overrides the sweep ran with")
+
+
+def run(args: argparse.Namespace) -> int:
+    from mtbench.predict import require_torch
+
+    require_torch()
+    own, rest, positional = split_settings(args.settings, CALIBRATE_USAGE)
+    if len(positional) != 1:
+        raise UsageError(f"one sweep folder is needed; usage: {CALIBRATE_USAGE}")
+    from mtbench.predict.fit import calibrate
+
+    cal, path, report = calibrate(Path(positional[0]), target=own.get("target"), out=own.get("out"),
+                                  overrides=tuple(rest), time_stat=own.get("time_stat", "median"))
+    for line in report:
+        print(line)
+    print(f"calibration for {cal.key} written to {path}")
+    return 0
