@@ -16,9 +16,6 @@ from typing import Any, Dict, List, Optional
 from mtbench.errors import UsageError
 
 LOCK_MODES = ("wait", "fail", "off")  # device_lock: wait for another job's device, fail at once, or no lock
-INT_KEYS = {"batch": 1, "steps": 1, "warmup": 0, "seed": 0}
-FLOAT_KEYS = ("sampler.interval_ms",)
-BOOL_KEYS = ("profile", "cudnn_benchmark", "resume", "allow_parallel")
 # what a job returns to a Hydra sweeper (`objective=...`), and the direction a sweeper should take
 OBJECTIVES = {"step_time_s": "minimize", "throughput": "maximize", "energy_per_sample_j": "minimize"}
 
@@ -224,7 +221,7 @@ def _one_of(*allowed: str) -> Any:
 
 def _boolean(key: str, value: Any) -> bool:
     if not isinstance(value, bool):
-        raise UsageError(f"{key}={value!r} is not known; allowed: true, false")
+        raise UsageError(f"{key}={_short(value)} is not known; allowed: true, false")
     return value
 
 
@@ -234,27 +231,27 @@ def _auto_or_whole(minimum: int, maximum: Optional[int], what: str) -> Any:
             return value
         if isinstance(value, bool) or not isinstance(value, int) or value < minimum or \
                 (maximum is not None and value > maximum):
-            raise UsageError(f"{key}={value!r} is not allowed; allowed: auto or {what}")
+            raise UsageError(f"{key}={_short(value)} is not allowed; allowed: auto or {what}")
         return value
     return rule
 
 
 def _micro(key: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise UsageError(f"{key}={value!r} is not allowed; allowed: a whole number >= 1")
+        raise UsageError(f"{key}={_short(value)} is not allowed; allowed: a whole number >= 1")
     return value
 
 
 def _gib_or_null(key: str, value: Any) -> Optional[float]:
     if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0
                               or value == float("inf")):
-        raise UsageError(f"{key}={value!r} is not allowed; allowed: null or a number of GiB > 0")
+        raise UsageError(f"{key}={_short(value)} is not allowed; allowed: null or a number of GiB > 0")
     return value
 
 
 def _path_or_null(key: str, value: Any) -> Optional[str]:
     if value is not None and (not isinstance(value, str) or not value):
-        raise UsageError(f"{key}={value!r} is not allowed; allowed: null or a file path")
+        raise UsageError(f"{key}={_short(value)} is not allowed; allowed: null or a file path")
     return value
 
 
@@ -271,7 +268,7 @@ SCHEMA: Dict[str, Any] = {
     "objective": _one_of(*OBJECTIVES),
     "device_lock": _one_of(*LOCK_MODES),
     "sampler.mode": _one_of(*SAMPLER_MODES),
-    "sampler.interval_ms": lambda key, value: positive_float(key, value),
+    "sampler.interval_ms": lambda key, value: interval_ms(key, value),
     "memory.plan": _one_of(*PLANS),
     "memory.microbatch": _micro,
     "memory.recompute": _auto_or_whole(1, None, "a whole number of segments >= 1"),
@@ -282,6 +279,11 @@ SCHEMA: Dict[str, Any] = {
     "memory.expandable_segments": _boolean,
     "memory.cpu_malloc": _one_of(*CPU_MALLOC),
 }
+
+
+# what a key is where a composed config lacks it (a test's hand-made config)
+SCHEMA_DEFAULTS: Dict[str, Any] = {"sampler.interval_ms": 5.0, "sampler.mode": "process", "device_lock": "wait",
+                                   "resume": False, "allow_parallel": False}
 
 
 def check_value(key: str, value: Any) -> Any:
@@ -327,7 +329,7 @@ def positive_float(key: str, value: Any) -> float:
 
 def choice(key: str, value: Any, allowed: Any) -> str:
     if value not in allowed:
-        raise UsageError(f"{key}={value!r} is not known; allowed: {', '.join(allowed)}")
+        raise UsageError(f"{key}={_short(value)} is not known; allowed: {', '.join(allowed)}")
     return str(value)
 
 
@@ -530,21 +532,9 @@ def check_overrides(args: List[str]) -> None:
             for value in values:
                 if str(value) not in allowed:
                     raise UsageError(f"{key}={_short(value)} is not known; allowed: {', '.join(allowed)}")
-        elif key in INT_KEYS:
+        elif key in SCHEMA:  # the schema's rule, as the job will apply it to the composed value
             for value in values:
-                positive_int(key, value, minimum=INT_KEYS[key])
-        elif key in FLOAT_KEYS:
-            for value in values:
-                interval_ms(key, value)
-        elif key in BOOL_KEYS:
-            for value in values:
-                if not isinstance(value, bool):
-                    raise UsageError(f"{key}={_short(value)} is not known; allowed: true, false")
-        elif key in ("objective", "device_lock"):
-            allowed = list(OBJECTIVES) if key == "objective" else LOCK_MODES
-            for value in values:
-                if value not in allowed:
-                    raise UsageError(f"{key}={_short(value)} is not known; allowed: {', '.join(allowed)}")
+                check_value(key, value)
     unknown = [o.key_or_group for o in overrides
                if not (o.is_add() or o.is_force_add() or o.key_or_group in GROUPS or o.package is not None
                        or o.key_or_group.startswith("hydra") or "/" in o.key_or_group)]
@@ -559,10 +549,11 @@ def check_overrides(args: List[str]) -> None:
 def check_composed(cfg: Any) -> str:
     """The composed config's own values a job cannot start without (an experiment YAML sets them too, past the
     command line's checks); returns the objective."""
-    objective = str(cfg.get("objective", "step_time_s"))
-    if objective not in OBJECTIVES:
-        raise UsageError(f"objective={_short(objective)} is not known; allowed: {', '.join(OBJECTIVES)}")
-    sampler = cfg.get("sampler")
-    if sampler is not None and sampler.get("interval_ms") is not None:
-        interval_ms("sampler.interval_ms", sampler.get("interval_ms"))
-    return objective
+    for key in ("sampler.interval_ms", "sampler.mode", "device_lock", "resume", "allow_parallel"):
+        setting(cfg, key, SCHEMA_DEFAULTS.get(key))
+    model = cfg.get("model")
+    name = model.get("name") if hasattr(model, "get") else ""
+    if model is not None and (not isinstance(name, str) or not name):  # e.g. `~model.name` on the command line
+        raise UsageError(f"model.name={_short(name)} is not a model name; allowed: a model= option "
+                         f"({', '.join(group_options('model'))}), whose name it keeps")
+    return str(setting(cfg, "objective", "step_time_s"))
