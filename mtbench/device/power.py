@@ -35,8 +35,7 @@ class PowerControl:
     """One job's power settings: `apply` (before the model is built), `summary`, `restore` (whatever ended it)."""
 
     def __init__(self, cfg: Any, out_dir: Path, device: Any) -> None:
-        self.asked = {k: setting(cfg, f"power.{k}") for k in KEYS}
-        self.asked["lock_clocks"] = bool(self.asked["lock_clocks"])
+        self.asked = {k: setting(cfg, f"power.{k}", False if k == "lock_clocks" else None) for k in KEYS}
         self.root = sysfs_root(cfg)
         self.record_path = Path(out_dir) / RECORD
         self.device = device
