@@ -255,6 +255,47 @@ def _path_or_null(key: str, value: Any) -> Optional[str]:
     return value
 
 
+def _null_or(test: Any, allowed: str) -> Any:
+    """A rule for a power.* key: null (leave the device as it is), or a value `test` accepts (and may convert)."""
+    def rule(key: str, value: Any) -> Any:
+        if value is None:
+            return None
+        try:
+            return test(list(value) if hasattr(value, "__iter__") and not isinstance(value, str) else value)
+        except (TypeError, ValueError, AssertionError):
+            raise UsageError(f"{key}={value!r} is not allowed; allowed: null or {allowed}") from None
+    return rule
+
+
+def _int(v: Any, minimum: int = 1) -> int:
+    assert isinstance(v, int) and not isinstance(v, bool) and v >= minimum
+    return v
+
+
+def _cores(v: Any) -> Any:  # a count, or distinct core indices
+    return _int(v) if not isinstance(v, list) else [_int(c, 0) for c in v] if v and len(set(v)) == len(v) else _int(-1)
+
+
+def _mhz_pair(v: Any) -> List[int]:  # one clock (min = max) or [min, max]
+    pair = [_int(c) for c in (v if isinstance(v, list) else [v, v])]
+    assert len(pair) == 2 and pair[0] <= pair[1]
+    return pair
+
+
+def _watts(v: Any) -> float:
+    assert isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < float("inf")
+    return v
+
+
+def _mode(v: Any) -> Any:
+    assert (isinstance(v, str) and v) or (isinstance(v, int) and not isinstance(v, bool) and v >= 0)
+    return v
+
+
+def _word(v: Any) -> str:
+    assert isinstance(v, str) and v.replace("_", "").isalnum()
+    return v
+
 SCHEMA: Dict[str, Any] = {
     "batch": _whole(1),
     "steps": _whole(1),
@@ -278,6 +319,16 @@ SCHEMA: Dict[str, Any] = {
     "memory.select": _one_of(*SELECTORS),
     "memory.expandable_segments": _boolean,
     "memory.cpu_malloc": _one_of(*CPU_MALLOC),
+    "power.nvpmodel": _null_or(_mode, "an nvpmodel mode id or name (`mtbench power` lists them)"),
+    "power.cpu_cores": _null_or(_cores, "a number of cores >= 1 or a list of core indices (e.g. [0,2])"),
+    "power.cpu_max_khz": _null_or(_int, "a whole number of kHz >= 1"),
+    "power.gpu_max_hz": _null_or(_int, "a whole number of Hz >= 1"),
+    "power.emc_max_hz": _null_or(_int, "a whole number of Hz >= 1"),
+    "power.governor": _null_or(_word, "a cpufreq governor name"),
+    "power.lock_clocks": _boolean,
+    "power.gpu_power_limit_w": _null_or(_watts, "a number of W > 0"),
+    "power.gpu_locked_clocks_mhz": _null_or(_mhz_pair, "a clock in MHz or [min, max] MHz with min <= max"),
+    "power.sysfs_root": _path_or_null,
 }
 
 

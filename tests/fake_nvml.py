@@ -51,6 +51,10 @@ class NVMLError_NotFound(NVMLError):  # noqa: N801
     text = "Not Found"
 
 
+class NVMLError_InvalidArgument(NVMLError):  # noqa: N801
+    text = "Invalid Argument"
+
+
 @dataclass
 class FakeGpu:
     uuid: str = "GPU-8f3c2d1e-0000-4a5b-9c7d-000000000000"
@@ -65,6 +69,13 @@ class FakeGpu:
     architecture: int = NVML_DEVICE_ARCH_HOPPER
     instant_supported: bool = True  # the driver gives NVML_FI_DEV_POWER_INSTANT
     mig: Optional[List[str]] = None  # MIG enabled with these instances' UUIDs ("MIG-...")
+    # the set calls (issue 22): as NVML, NO_PERMISSION unless root, INVALID_ARGUMENT out of range, NOT_SUPPORTED
+    # for locked clocks before Volta; the state is the driver's (here: this object's)
+    root: bool = True
+    power_limit_mw: int = 700_000
+    power_limit_range_mw: tuple = (200_000, 700_000)
+    graphics_clocks_mhz: tuple = (345, 1980)  # the supported range of locked clocks
+    locked_clocks_mhz: Optional[tuple] = None
 
 
 @dataclass
@@ -191,6 +202,38 @@ def fake_pynvml(gpus: Optional[List[FakeGpu]] = None, clock: Callable[[], float]
         nv.nvmlDeviceGetMigMode = nv.nvmlDeviceGetArchitecture = unsupported
         return nv
     nv.nvmlDeviceGetArchitecture = lambda h: physical(h).architecture
+
+    def set_limit(h, mw):
+        g = physical(h)
+        if not g.root:
+            raise NVMLError_NoPermission()
+        if not g.power_limit_range_mw[0] <= mw <= g.power_limit_range_mw[1]:
+            raise NVMLError_InvalidArgument()
+        g.power_limit_mw = int(mw)
+
+    def lock_clocks(h, low, high):
+        g = physical(h)
+        if g.architecture < NVML_DEVICE_ARCH_VOLTA:
+            raise NVMLError_NotSupported()
+        if not g.root:
+            raise NVMLError_NoPermission()
+        if not (g.graphics_clocks_mhz[0] <= low <= high <= g.graphics_clocks_mhz[1]):
+            raise NVMLError_InvalidArgument()
+        g.locked_clocks_mhz = (low, high)
+
+    def reset_clocks(h):
+        g = physical(h)
+        if not g.root:
+            raise NVMLError_NoPermission()
+        g.locked_clocks_mhz = None
+
+    nv.NVMLError_InvalidArgument = NVMLError_InvalidArgument
+    nv.nvmlDeviceGetPowerManagementLimit = lambda h: physical(h).power_limit_mw
+    nv.nvmlDeviceGetPowerManagementDefaultLimit = lambda h: physical(h).power_limit_range_mw[1]
+    nv.nvmlDeviceGetPowerManagementLimitConstraints = lambda h: tuple(physical(h).power_limit_range_mw)
+    nv.nvmlDeviceSetPowerManagementLimit = set_limit
+    nv.nvmlDeviceSetGpuLockedClocks = lock_clocks
+    nv.nvmlDeviceResetGpuLockedClocks = reset_clocks
     nv.nvmlDeviceGetMigMode = mig_mode
     nv.nvmlDeviceGetMaxMigDeviceCount = lambda h: 7 if physical(h).mig else 0
     nv.nvmlDeviceGetMigDeviceHandleByIndex = mig_handle

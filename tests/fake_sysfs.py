@@ -122,3 +122,165 @@ def make_rapl(root: Path, zones: Dict[str, Tuple[str, int, int]]) -> Dict[str, P
         write_value(d / "energy_uj", energy)
         files[zone] = d / "energy_uj"
     return files
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Power-mode trees (issue 22): a board's cpu online files, cpufreq (cpuN/cpufreq a link to its cluster's policy, as
+# on L4T), the GPU's devfreq (sys/class/devfreq/<node> a link into sys/devices), Orin's EMC cap, nvpmodel.conf in
+# nvpmodel's own format (PARAM blocks name the files, POWER_MODEL blocks the values: -1 the highest clock) and
+# /var/lib/nvpmodel/status. `kernel_write` wraps a writer with the kernel's rules; `install_fake_nvpmodel` puts
+# an `nvpmodel` program on a PATH folder that changes such a tree as the real one changes /sys.
+
+POWER_BOARDS = {
+    # name: (model, cpu clusters [(policy, cores)], cpu kHz table, gpu node, gpu Hz table, modes, emc cap file)
+    "orin": ("NVIDIA Jetson AGX Orin Developer Kit", [(0, [0, 1, 2, 3]), (4, [4, 5, 6, 7])],
+             [115200, 729600, 1497600, 2201600], "17000000.ga10b",
+             [306000000, 612000000, 918000000, 1300500000],
+             [(0, "MAXN", 8, -1, -1), (1, "MODE_15W", 4, 1497600, 612000000), (2, "MODE_30W", 8, 1728000, 918000000)],
+             True),
+    "tx2": ("quill", [(0, [0, 3, 4, 5]), (1, [1, 2])], [345600, 1113600, 2035200], "17000000.gp10b",
+            [114750000, 624750000, 1300500000],
+            [(0, "MAXN", 6, -1, -1), (1, "MAXQ", 4, 1113600, 624750000), (3, "MAXP_CORE_ARM", 4, -1, 624750000)],
+            False),
+}
+
+
+def _nvpmodel_conf(board: str) -> str:
+    _, clusters, _, gpu, _, modes, emc = POWER_BOARDS[board]
+    cores = sorted(c for _, cs in clusters for c in cs)
+    lines = ["< PARAM TYPE=FILE NAME=CPU_ONLINE >"] + [f"CORE_{c} /sys/devices/system/cpu/cpu{c}/online" for c in cores]
+    lines += ["", "< PARAM TYPE=CLOCK NAME=CPU >",
+              "MAX_FREQ " + " ".join(f"/sys/devices/system/cpu/cpu{c}/cpufreq/scaling_max_freq" for c in cores),
+              "", "< PARAM TYPE=CLOCK NAME=GPU >", f"MAX_FREQ /sys/class/devfreq/{gpu}/max_freq"]
+    if emc:
+        lines += ["", "< PARAM TYPE=FILE NAME=EMC >", "MAX_FREQ /sys/kernel/nvpmodel_emc_cap/emc_iso_cap"]
+    for mode_id, name, online, cpu_khz, gpu_hz in modes:
+        lines += ["", f"< POWER_MODEL ID={mode_id} NAME={name} >"]
+        lines += [f"CPU_ONLINE CORE_{c} {1 if i < online else 0}" for i, c in enumerate(cores) if c != 0]
+        lines += [f"CPU MAX_FREQ {cpu_khz}", f"GPU MAX_FREQ {gpu_hz}"] + (["EMC MAX_FREQ 0"] if emc else [])
+    return "\n".join(lines) + "\n"
+
+
+def make_power_board(root: Path, board: str = "orin", mode: int = 0) -> Dict[str, Path]:
+    """A writable power-mode tree of `board` ("orin" or "tx2") in nvpmodel mode `mode` (as nvpmodel left it);
+    returns {"gpu": its devfreq folder, "cpufreq": cpu0's policy folder}."""
+    model, clusters, khz, gpu_node, gpu_hz, modes, emc = POWER_BOARDS[board]
+    (root / "etc").mkdir(parents=True, exist_ok=True)
+    (root / "etc/nv_tegra_release").write_text("# R35 (release), REVISION: 4.1, GCID: 1, BOARD: t186ref, EABI: aarch64\n")
+    (root / "proc/device-tree").mkdir(parents=True, exist_ok=True)
+    (root / "proc/device-tree/model").write_bytes(model.encode() + b"\x00")
+    (root / "proc/device-tree/compatible").write_bytes(b"nvidia,tegra\x00")
+    (root / "etc/nvpmodel.conf").write_text(_nvpmodel_conf(board))
+    cpu = root / "sys/devices/system/cpu"
+    for policy, cores in clusters:
+        pol = cpu / f"cpufreq/policy{policy}"
+        pol.mkdir(parents=True, exist_ok=True)
+        (pol / "scaling_available_frequencies").write_text(" ".join(map(str, khz)) + " \n")
+        (pol / "scaling_available_governors").write_text("interactive conservative ondemand userspace powersave "
+                                                          "performance schedutil \n")
+        (pol / "scaling_governor").write_text("schedutil\n")
+        for name, value in (("cpuinfo_min_freq", khz[0]), ("cpuinfo_max_freq", khz[-1]), ("scaling_min_freq", khz[0]),
+                            ("scaling_max_freq", khz[-1]), ("scaling_cur_freq", khz[-1])):
+            write_value(pol / name, value)
+        for c in cores:
+            d = cpu / f"cpu{c}"
+            d.mkdir(parents=True, exist_ok=True)
+            if c != 0:  # cpu0 cannot go offline: no online file
+                write_value(d / "online", 1)
+            if not (d / "cpufreq").exists():
+                (d / "cpufreq").symlink_to(f"../cpufreq/policy{policy}")
+    dev = root / f"sys/devices/platform/{gpu_node}/devfreq/{gpu_node}"
+    dev.mkdir(parents=True, exist_ok=True)
+    (dev / "available_frequencies").write_text(" ".join(map(str, gpu_hz)) + "\n")
+    (dev / "governor").write_text("nvhost_podgov\n")
+    for name, value in (("min_freq", gpu_hz[0]), ("max_freq", gpu_hz[-1]), ("cur_freq", gpu_hz[-1])):
+        write_value(dev / name, value)
+    (root / "sys/class/devfreq").mkdir(parents=True, exist_ok=True)
+    link = root / f"sys/class/devfreq/{gpu_node}"
+    if not link.exists():
+        link.symlink_to(os.path.relpath(dev, link.parent))
+    if emc:
+        (root / "sys/kernel/nvpmodel_emc_cap").mkdir(parents=True, exist_ok=True)
+        write_value(root / "sys/kernel/nvpmodel_emc_cap/emc_iso_cap", 0)
+    (root / "var/lib/nvpmodel").mkdir(parents=True, exist_ok=True)
+    (root / "var/lib/nvpmodel/status").write_text(f"pmode:{mode:04d}\n")
+    return {"gpu": dev, "cpufreq": cpu / "cpufreq/policy0"}
+
+
+def _settle(path: str) -> None:
+    """The value a kernel shows after a write: cpufreq clamps to cpuinfo_min/max_freq; devfreq's max_freq is the
+    highest available frequency at or below the value (min_freq the lowest at or above)."""
+    p = Path(path)
+    value = int(p.read_text().split()[0]) if p.read_text().split() and p.read_text().split()[0].isdigit() else None
+    if value is None:
+        return
+    if p.name in ("scaling_max_freq", "scaling_min_freq"):
+        low, high = (int((p.parent / n).read_text()) for n in ("cpuinfo_min_freq", "cpuinfo_max_freq"))
+        write_value(p, min(max(value, low), high))
+    elif p.name in ("max_freq", "min_freq") and (p.parent / "available_frequencies").exists():
+        table = sorted(int(v) for v in (p.parent / "available_frequencies").read_text().split())
+        below, above = [f for f in table if f <= value], [f for f in table if f >= value]
+        write_value(p, (below[-1] if below else table[0]) if p.name == "max_freq" else (above[0] if above else table[-1]))
+
+
+def kernel_write(write):
+    """`write(root, rel, text)` followed by the kernel's rules (`_settle`): wrap power_sysfs.write_attr with it."""
+    def wrapped(root: str, rel: str, text: str) -> None:
+        write(root, rel, text)
+        _settle(os.path.join(root, rel))
+    return wrapped
+
+
+FAKE_NVPMODEL = '''#!{python}
+"""A fake nvpmodel: `-m ID` applies the mode's lines of $MTBENCH_SYSFS_ROOT/etc/nvpmodel.conf to that tree (never /);
+`-q` prints the mode. Exit 1 with nvpmodel's message where the tree's files are not writable."""
+import os, re, sys
+root = os.environ["MTBENCH_SYSFS_ROOT"]
+assert os.path.realpath(root) != "/", "the fake nvpmodel never changes the real /sys"
+conf = open(os.path.join(root, "etc/nvpmodel.conf")).read()
+status = os.path.join(root, "var/lib/nvpmodel/status")
+if sys.argv[1:] == ["-q"]:
+    print("NV Power Mode: ?"); print(int(open(status).read().split(":")[1])); sys.exit(0)
+if len(sys.argv) != 3 or sys.argv[1] != "-m":
+    sys.exit("usage: nvpmodel -m ID | -q")
+files, blocks, current = {{}}, {{}}, None
+for line in conf.splitlines():
+    head = re.match(r"<\\s*(PARAM|POWER_MODEL)\\s+(.*?)\\s*>", line)
+    if head:
+        fields = dict(f.split("=", 1) for f in head.group(2).split())
+        current = (head.group(1), fields.get("NAME"), fields.get("ID"))
+        blocks.setdefault(current, [])
+    elif line.strip() and current:
+        blocks[current].append(line.split())
+for (kind, name, _), lines in blocks.items():
+    if kind == "PARAM":
+        for words in lines:
+            files[(name, words[0])] = words[1:]
+mode = [ls for (kind, _, i), ls in blocks.items() if kind == "POWER_MODEL" and i == sys.argv[2]]
+if not mode:
+    sys.exit("NVPM ERROR: Invalid mode id " + sys.argv[2])
+for param, arg, value in mode[0]:
+    for path in files[(param, arg)]:
+        path = os.path.join(root, path.lstrip("/"))
+        if not os.access(path, os.W_OK):
+            sys.exit("NVPM ERROR: failed to write " + path + ": Permission denied")
+        if value == "-1":  # the highest clock of the file's table
+            table = [f for f in ("scaling_available_frequencies", "available_frequencies")
+                     if os.path.exists(os.path.join(os.path.dirname(path), f))]
+            value = open(os.path.join(os.path.dirname(path), table[0])).read().split()[-1] if table else "0"
+        with open(path, "w") as f:
+            f.write(value + "\\n")
+with open(status, "w") as f:
+    f.write("pmode:%04d\\n" % int(sys.argv[2]))
+'''
+
+
+def install_fake_nvpmodel(bin_dir: Path) -> Path:
+    """An executable `nvpmodel` in `bin_dir` (put it first on PATH) that changes the tree in $MTBENCH_SYSFS_ROOT."""
+    import sys
+
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    path = bin_dir / "nvpmodel"
+    path.write_text(FAKE_NVPMODEL.format(python=sys.executable))
+    path.chmod(0o755)
+    return path

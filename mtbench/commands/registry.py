@@ -28,6 +28,8 @@ SUBCOMMANDS = (
     Subcommand("predict", "predict peak memory and step time of a job without running it", "mtbench.commands.predict"),
     Subcommand("calibrate", "fit the predictor's time and runtime-memory model to a finished sweep",
                "mtbench.commands.calibrate"),
+    Subcommand("power", "the board's nvpmodel power modes, for power.nvpmodel=ID or NAME (Jetson)",
+               "mtbench.commands.power"),
 )
 # its own entry point (`mtbench-sample`), listed here so that the help and the manual name it once
 SAMPLE = Subcommand("mtbench-sample", "sample the system and any program's process tree while it runs (no torch)",

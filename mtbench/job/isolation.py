@@ -17,7 +17,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from omegaconf import DictConfig, OmegaConf
 
 from mtbench.config import JobSpec
-from mtbench.device import env
+from mtbench.device import env, power
 from mtbench.device.oom import is_oom_text
 from mtbench.errors import UsageError, describe_error
 from mtbench.job import signals
@@ -82,6 +82,7 @@ def run_isolated(cfg: DictConfig, out_dir: Path, timing: Optional[Dict[str, floa
             if child.is_alive():
                 os.kill(child.pid, signals.stop_signal(exc))
     child.join()
+    restore_power(out_dir)
     receiver.close()
     if timing is not None:
         timing.update(wall_s=time.monotonic() - wall_start, child_s=messages.get("child_seconds", math.nan))
@@ -99,6 +100,12 @@ def run_isolated(cfg: DictConfig, out_dir: Path, timing: Optional[Dict[str, floa
     if messages.get("interrupted"):
         raise KeyboardInterrupt
     return summary
+
+
+def restore_power(out_dir: Path) -> None:
+    """What a dead job's process changed on the device (power.*), put back from the record it wrote first."""
+    if power.restore_left(out_dir):
+        power.say(f"restored the settings the job's process left in place (from {out_dir / power.RECORD})")
 
 
 def _die_with_parent(parent_pid: int) -> None:

@@ -18,6 +18,7 @@ from mtbench.config import JobSpec, instantiate, setting
 from mtbench.data.base import DataSource
 from mtbench.device import env, peak as memory
 from mtbench.device.oom import is_oom, oom_message
+from mtbench.device.power import PowerControl
 from mtbench.device.select import resolve_device
 from mtbench.device.timing import timed_step
 from mtbench.errors import UsageError, describe_error
@@ -48,6 +49,7 @@ class Job:
         self.spec = JobSpec.from_cfg(cfg)
         self.interval_ms = setting(cfg, "sampler.interval_ms")
         self.device = resolve_device(self.spec.device)
+        self.power = PowerControl(cfg, self.out_dir, self.device)  # power.*: checked here, applied in run()
         self.failure: Optional[Dict[str, str]] = None
         self.durations: List[float] = []
         self.mem: Dict[str, Any] = {"mem_peak_bytes": None, "mem_peak_source": None}
@@ -104,6 +106,7 @@ class Job:
     def run(self) -> None:
         spec = self.spec
         torch.manual_seed(spec.seed)
+        self.power.apply()  # power modes, clocks, cores: before anything of the model exists; restored in _release
         # cuDNN tries every convolution algorithm on each new shape and keeps the fastest (TensorFlow, which the
         # paper used, does so by default); the warm-up steps absorb the trials
         torch.backends.cudnn.benchmark = self.cudnn_benchmark
@@ -199,6 +202,7 @@ class Job:
                 **self.budget,
                 "parameters": self.parameters,
                 "cudnn_benchmark": self.cudnn_benchmark,
+                "power_mode": self.power.summary(),
                 "memory_plan": self.planner.summary(self.mem),
                 "sampler": {**(self.sampler.stats() if self.sampler else {}), "sensors": self.sensor_status},
                 "env": described,
@@ -306,6 +310,7 @@ def _release(job: Job) -> None:
         job.planner.release_budget()
     except Exception:
         log.warning("releasing memory after the job failed", exc_info=True)
+    job.power.restore()  # whatever ended the job
 
 
 def _profile(job: Job, samples) -> Optional[Dict[str, Any]]:

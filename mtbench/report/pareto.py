@@ -1,0 +1,83 @@
+"""The time-energy Pareto front of jobs that vary power.* keys: a figure per model and a table (pareto.md)."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only: no display needed
+import matplotlib.pyplot as plt  # noqa: E402
+
+from mtbench.report.jobs import value_at  # noqa: E402
+from mtbench.results.files import atomic_write  # noqa: E402
+
+
+def setting_of(job: Dict[str, Any]) -> Dict[str, Any]:
+    """The power.* keys a job asked for (null ones left out)."""
+    power = (job.get("config") or {}).get("power") or {}
+    return {k: v for k, v in power.items() if v not in (None, False) and k != "sysfs_root"}
+
+
+def label(setting: Dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in sorted(setting.items())) or "as the device was"
+
+
+def front(points: List[Tuple[float, float, Any]]) -> List[Tuple[float, float, Any]]:
+    """The points no other point beats in both time and energy (lower is better), by time."""
+    best: List[Tuple[float, float, Any]] = []
+    for p in sorted(points, key=lambda p: (p[0], p[1])):
+        if not best or p[1] < best[-1][1]:
+            best.append(p)
+    return best
+
+
+def _energy_per_sample(job: Dict[str, Any]) -> Optional[float]:
+    energy, batch = value_at(job, "energy_j", "per_step_mean"), value_at(job, "batch_size")
+    return energy / batch if energy is not None and batch else None
+
+
+def fig_pareto(jobs: List[Dict[str, Any]], out: Path) -> List[str]:
+    """pareto_<model>.png per model whose jobs vary power.* (none: []), and pareto.md with every point."""
+    ok = [j for j in jobs if j.get("success") and value_at(j, "step_time_s", "median") is not None]
+    if len({label(setting_of(j)) for j in ok}) < 2:
+        return []
+    names, rows = [], ["# Power settings: time and energy", "",
+                       "| model | batch | power setting | step median s | energy/sample J | on the front |",
+                       "|---|---|---|---|---|---|"]
+    for model in sorted({str(j.get("model")) for j in ok}):
+        mine = [j for j in ok if str(j.get("model")) == model]
+        points = [(value_at(j, "step_time_s", "median"), _energy_per_sample(j), j) for j in mine]
+        measured = [p for p in points if p[1] is not None]
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        on_front: List[Any] = []
+        if measured:
+            on_front = [p[2] for p in front(measured)]
+            ax.scatter([p[0] for p in measured], [p[1] for p in measured], color="0.6")
+            best = front(measured)
+            ax.plot([p[0] for p in best], [p[1] for p in best], "o-", color="C3", label="Pareto front")
+            for t, e, j in best:
+                ax.annotate(label(setting_of(j)), (t, e), fontsize=7, xytext=(4, 4), textcoords="offset points")
+            ax.set_xlabel("median step time (s)")
+            ax.set_ylabel("energy per sample (J)")
+            ax.legend(fontsize=8)
+        else:  # no power sensor here: time against the setting, and the figure says so
+            order = sorted(points, key=lambda p: label(setting_of(p[2])))
+            ax.bar(range(len(order)), [p[0] for p in order], color="C0")
+            ax.set_xticks(range(len(order)))
+            ax.set_xticklabels([label(setting_of(p[2])) for p in order], rotation=20, fontsize=7, ha="right")
+            ax.set_ylabel("median step time (s)")
+            ax.text(0.5, 0.95, "energy not measured on this machine: time against the power setting",
+                    transform=ax.transAxes, ha="center", va="top", fontsize=8, color="0.4")
+        ax.set_title(f"{model}: time and energy per power setting")
+        fig.tight_layout()
+        name = f"pareto_{model}.png"
+        fig.savefig(out / name, dpi=110, bbox_inches="tight")
+        plt.close(fig)
+        names.append(name)
+        for t, e, j in sorted(points, key=lambda p: p[0]):
+            rows.append(f"| {model} | {j.get('batch_size')} | {label(setting_of(j))} | {t:.4f} | "
+                        f"{'n/a' if e is None else format(e, '.4f')} | "
+                        f"{'yes' if any(j is f for f in on_front) else ('n/a' if e is None else 'no')} |")
+    atomic_write(out / "pareto.md", "\n".join(rows) + "\n")
+    return names
