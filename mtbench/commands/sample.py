@@ -22,6 +22,7 @@ from mtbench.commands.registry import SAMPLE
 from mtbench.device import env
 from mtbench.errors import ArgumentParser, UsageError, print_error
 from mtbench.results import files as results
+from mtbench.results.summary import build_summary
 from mtbench.marker import ENV as STEP_FILE_ENV
 from mtbench.sampling import SENSORS, Sampler, SensorUnavailable, StepMark, open_sensors, windows
 from mtbench.sampling.procfs import ProcfsSensor
@@ -183,24 +184,22 @@ def write(out, args, code, interrupted, samples, sampler, marks, status, t_start
         failure = {"kind": "error", "message": f"command was killed by signal {-code} ({signal.Signals(-code).name})"}
     elif code != 0:
         failure = {"kind": "error", "message": f"command exited with code {code}"}
-    summary = {
-        "schema": results.SCHEMA, "model": None, "batch_size": None, "device": "host", "data": None,
-        "success": code == 0 and not interrupted, "failure": failure,
-        "command": args.command, "exit_code": code, "duration_s": t_end - t_start,
-        "window": "marked steps" if measured else "whole run",
-        "warmup_steps": len(marks) - len(measured), "measured_steps": len(measured),
-        "step_time_s": results.stats(durations), "throughput_samples_per_s": None,
-        **{k: telemetry.get(k) for k in ("cpu_util_pct", "process_cpu_pct", "gpu_util_pct", "power_w", "energy_j")},
-        # system RAM in use (MemTotal - MemAvailable): on a Jetson, the memory CPU and GPU share
-        "mem_system_peak_bytes": telemetry.get("mem_system_peak_bytes"),
-        "unavailable": dict(telemetry["unavailable"], throughput_samples_per_s="the command's batch size is unknown"),
-        # sampled every interval: a spike shorter than one interval can be missed
-        "mem_peak_bytes": int(max(v for v in rss if v == v)) if rss is not None and (rss == rss).any() else None,
-        "mem_peak_source": "process_tree_rss_sampled",
-        "sampler": {**sampler.stats(), "sensors": status},
-        # the board, L4T release, power mode and core types on a Jetson (null elsewhere), as a job records them
-        "env": dict(env.host(), jetson=env.jetson(args.sysfs_root)),
-    }
+    rss_peak = int(max(v for v in rss if v == v)) if rss is not None and (rss == rss).any() else None
+    summary = build_summary(
+        model=None, batch_size=None, device="host", data=None, failure=failure,
+        warmup_steps=len(marks) - len(measured), durations_s=durations,
+        # mem_peak_bytes: the process tree's RSS, sampled every interval (a spike shorter than one can be missed);
+        # mem_system_peak_bytes: system RAM in use (MemTotal - MemAvailable): on a Jetson, what CPU and GPU share
+        figures={**telemetry, "mem_peak_bytes": rss_peak},
+        reasons=dict(telemetry["unavailable"], throughput_samples_per_s="the command's batch size is unknown",
+                     mem_breakdown_bytes="a command's memory is not broken down (mtbench jobs only)"),
+        null_reason="not measured for this command",
+        job={"command": args.command, "exit_code": code, "duration_s": t_end - t_start,
+             "window": "marked steps" if measured else "whole run",
+             "mem_peak_source": "process_tree_rss_sampled",
+             "sampler": {**sampler.stats(), "sensors": status},
+             # the board, L4T release, power mode and core types on a Jetson (null elsewhere), as a job records them
+             "env": dict(env.host(), jetson=env.jetson(args.sysfs_root))})
     if marks:
         header, rows = windows.step_rows(marks, samples, args.interval_ms)
         results.write_steps(out, header, rows)
