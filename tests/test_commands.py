@@ -163,7 +163,32 @@ def test_a_stored_calibration_still_loads(tmp_path, monkeypatch):
 
     monkeypatch.setenv(calibration.ENV_DIR, str(tmp_path))
     cal = calibration.Calibration(key="none-cpu", target="none", device_type="cpu", device_name="x", source="s",
-                                  runs=3, created="2026-12-01", time_coef=[0.001, 1e-9, 0.0, 1e-5], runtime_bytes=5)
+                                  runs=3, created="2026-12-01", time_coef=[0.001, 1e-9, 0.0, 1e-5], non_tensor_bytes=5)
     calibration.save(cal)
     assert calibration.load("none-cpu") == cal
     assert json.loads((tmp_path / "none-cpu.json").read_text())["schema"] == calibration.SCHEMA
+
+
+def test_a_calibration_written_under_the_old_names_still_loads(tmp_path, monkeypatch):
+    """`runtime_bytes` meant two things (summary.json: memory before the model was built; the calibration: memory that
+    is not tensors); the calibration's keys were renamed, and a file written before still reads."""
+    from mtbench.predict import calibration
+
+    monkeypatch.setenv(calibration.ENV_DIR, str(tmp_path))
+    cal = calibration.Calibration(key="none-cpu", target="none", device_type="cpu", device_name="x", source="s",
+                                  runs=3, created="2026-12-01", non_tensor_bytes=7, non_tensor_per_op_bytes=2.0)
+    path = calibration.save(cal)
+    data = json.loads(path.read_text())
+    data["runtime_bytes"], data["runtime_per_op_bytes"] = data.pop("non_tensor_bytes"), data.pop("non_tensor_per_op_bytes")
+    path.write_text(json.dumps(data))
+    assert calibration.load("none-cpu") == cal
+
+
+def test_a_fifo_or_a_link_named_as_calibration_is_one_line_without_blocking(tmp_path):
+    import os
+
+    fifo = tmp_path / "cal.json"
+    os.mkfifo(fifo)
+    line = one_line(mtbench_cli("predict", "model=squeezenet", "batch=2", "device=cpu", f"calibration={fifo}",
+                                timeout=120))
+    assert "is a FIFO" in line or "is not a file" in line, line

@@ -95,7 +95,7 @@ def test_prediction_for_a_board_sums_and_fits(tmp_path, monkeypatch):
     assert p.device == "cuda" and p.budget_bytes == predictor.target.memory_budget_bytes
     assert sum(p.breakdown_bytes.values()) == p.tensors_bytes
     assert p.tensors_bytes % 512 == 0 and p.allocator_reserved_bytes >= p.tensors_bytes
-    assert p.peak_bytes == p.allocator_reserved_bytes + p.runtime_bytes
+    assert p.peak_bytes == p.allocator_reserved_bytes + p.non_tensor_bytes
     assert not p.calibrated and p.step_time_s == p.roofline_s > 0  # uncalibrated: the roofline
 
 
@@ -129,10 +129,10 @@ def test_calibrate_then_predict_uses_it(tmp_path, monkeypatch, capsys):
     overrides = ["model.workload.seq_len=8", "model.workload.hidden=16"]
     assert main_calibrate([str(sweep), *overrides]) == 0
     cal = calibration.load("none-cpu")
-    assert cal is not None and cal.runs == 3 and cal.runtime_bytes is not None and cal.time_coef is not None
+    assert cal is not None and cal.runs == 3 and cal.non_tensor_bytes is not None and cal.time_coef is not None
     assert main_predict(["model=char_rnn", "batch=4", "device=cpu", f"out={tmp_path / 'p'}", *overrides]) == 0
     rows = json.loads((tmp_path / "p" / "predict.json").read_text())
-    assert rows[0]["calibrated"] and rows[0]["runtime_bytes"] == cal.runtime_bytes
+    assert rows[0]["calibrated"] and rows[0]["non_tensor_bytes"] == cal.non_tensor_bytes
     assert abs(rows[0]["step_time_s"] - 0.03) / 0.03 < 0.5
     assert (tmp_path / "p" / "predict.csv").read_text().startswith("model,batch_size")
 

@@ -212,7 +212,7 @@ def test_the_runtime_memory_fit_has_a_term_per_convolution_weight_byte(tmp_path:
                           "mem_peak_bytes": (500 << 20) + tensors[key] + int(runtime)})
     cal, _, _ = calibrate(tmp_path, target="none", out=str(tmp_path / "cal.json"), summaries=summaries,
                           predictor=_FakePredictor(classes, tensors))
-    got = (cal.runtime_bytes, cal.runtime_per_op_bytes, cal.runtime_per_transient_byte, cal.runtime_per_conv_weight_byte)
+    got = (cal.non_tensor_bytes, cal.non_tensor_per_op_bytes, cal.non_tensor_per_transient_byte, cal.non_tensor_per_conv_weight_byte)
     np.testing.assert_allclose(got, truth, rtol=1e-3)
 
     from mtbench.predict.predictor import Predictor

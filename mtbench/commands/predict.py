@@ -153,7 +153,7 @@ def print_table(rows: list, predictor) -> None:
             continue
         b = r.breakdown_bytes
         table.add_row(
-            r.model, str(r.batch_size), _mib(r.peak_bytes), _mib(r.tensors_bytes), _mib(r.runtime_bytes),
+            r.model, str(r.batch_size), _mib(r.peak_bytes), _mib(r.tensors_bytes), _mib(r.non_tensor_bytes),
             _mib(b.get("parameters")), _mib(b.get("gradients")), _mib(b.get("optimizer_state")),
             _mib(b.get("activations")), _mib(b.get("inputs")), _mib(b.get("other")), f"{r.flops / 1e9:,.1f}",
             "n/a" if r.step_time_s is None else f"{r.step_time_s:.3g}{'' if r.calibrated else '*'}",
@@ -168,12 +168,12 @@ def print_table(rows: list, predictor) -> None:
         r = ok[0]
         console.print(f"tensors: traced on {r.traced}" + ("; CUDA caching allocator modelled (512-byte blocks, "
                       "2/20 MiB segments): peak = reserved segments + runtime" if r.device == "cuda" else ""))
-        console.print(f"runtime: {r.runtime_note}")
+        console.print(f"runtime: {r.non_tensor_note}")
         console.print(f"step time: {r.time_note}" + ("" if r.calibrated else "  (* not calibrated)"))
 
 
 CSV_COLUMNS = ("model", "batch_size", "target", "device", "peak_bytes", "tensors_bytes", "allocator_reserved_bytes",
-               "runtime_bytes", "parameters", "gradients", "optimizer_state", "activations", "inputs", "other",
+               "non_tensor_bytes", "parameters", "gradients", "optimizer_state", "activations", "inputs", "other",
                "budget_bytes", "fits", "flops", "forward_flops", "bytes_moved", "ops", "roofline_s", "step_time_s",
                "calibrated", "max_batch", "traced", "error")
 

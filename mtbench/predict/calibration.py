@@ -12,6 +12,7 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 
 from mtbench.errors import UsageError
+from mtbench.regular_files import RefusedFile, read_regular
 
 SCHEMA = "mtbench.calibration/1"
 # Where calibrations live: $MTBENCH_CALIBRATION_DIR, else ~/.cache/mtbench/calibration/<target>-<device>.json
@@ -54,21 +55,21 @@ class Calibration:
     op_features: List[str] = field(default_factory=list)  # the names of op_coef's entries
     op_fit_mape_pct: Optional[float] = None  # step time, on the runs it was fitted on
     op_profiled_runs: int = 0  # runs whose measured per-op times (ops.csv) were fitted, beside every run's step
-    # training memory that is not tensors = runtime_bytes + runtime_per_op_bytes * ops
-    #                                       + runtime_per_transient_byte * transient tensor bytes at the peak
-    #                                       + runtime_per_conv_weight_byte * convolution weight bytes
+    # training memory that is not tensors = non_tensor_bytes + non_tensor_per_op_bytes * ops
+    #                                       + non_tensor_per_transient_byte * transient tensor bytes at the peak
+    #                                       + non_tensor_per_conv_weight_byte * convolution weight bytes
     # (transient: what the step allocates and frees, i.e. the tensors less parameters, gradients, optimizer
     # state and inputs). The constant is the libraries' pages and arenas; per op, the kernels' primitives and
     # autograd's nodes; per transient byte, what the C allocator keeps of freed blocks (fragmentation).
-    runtime_bytes: Optional[int] = None
-    runtime_per_op_bytes: float = 0.0
-    runtime_per_transient_byte: float = 0.0
-    # + runtime_per_conv_weight_byte * the step's convolution weight bytes: on a CPU oneDNN keeps the weights (and
+    non_tensor_bytes: Optional[int] = None
+    non_tensor_per_op_bytes: float = 0.0
+    non_tensor_per_transient_byte: float = 0.0
+    # + non_tensor_per_conv_weight_byte * the step's convolution weight bytes: on a CPU oneDNN keeps the weights (and
     # their gradients) reordered into its blocked layout, outside any tensor the trace sees (the runtime that
     # made xception and resnet50 miss by 19-30 % when it was not a term)
-    runtime_per_conv_weight_byte: float = 0.0
+    non_tensor_per_conv_weight_byte: float = 0.0
     runtime_spread_bytes: Optional[List[int]] = None  # min and max of measured - tensors over the runs
-    runtime_note: str = ""  # what the runtime part holds, or why it was not fitted
+    non_tensor_note: str = ""  # what the runtime part holds, or why it was not fitted
     schema: str = SCHEMA
     runs_used: List[str] = field(default_factory=list)  # "<model> b<batch>" of each run
 
@@ -96,6 +97,11 @@ def save(cal: Calibration, path: Optional[Path] = None) -> Path:
 
 
 MAX_FILE_BYTES = 1 << 20  # a calibration is a few KB: a larger file is not one
+# "runtime" meant two things (here: training memory that is not tensors; in summary.json's mem_runtime_bytes: memory
+# held before the model was built); the calibration's keys now say theirs, and older files still read
+RENAMED = {"runtime_bytes": "non_tensor_bytes", "runtime_per_op_bytes": "non_tensor_per_op_bytes",
+           "runtime_per_transient_byte": "non_tensor_per_transient_byte",
+           "runtime_per_conv_weight_byte": "non_tensor_per_conv_weight_byte", "runtime_note": "non_tensor_note"}
 
 
 def load(key: str, path: Optional[Path] = None) -> Optional[Calibration]:
@@ -106,7 +112,9 @@ def load(key: str, path: Optional[Path] = None) -> Optional[Calibration]:
     not stop every later prediction; `mtbench calibrate` writes it again."""
     named = path is not None
     path = Path(path) if named else calibration_dir() / f"{key}.json"
-    if not path.is_file():
+    if not os.path.lexists(path):
+        if named:
+            raise UsageError(f"calibration={path} does not exist; allowed: a file `mtbench calibrate` wrote")
         return None
     try:
         return _read(path)
@@ -121,10 +129,12 @@ def load(key: str, path: Optional[Path] = None) -> Optional[Calibration]:
 
 def _read(path: Path) -> Optional[Calibration]:
     """The calibration in `path`; ValueError says why it is not one (None: another schema, not ours to read)."""
-    if path.stat().st_size > MAX_FILE_BYTES:
-        raise ValueError(f"{path.stat().st_size} bytes, over {MAX_FILE_BYTES}")
     try:
-        data = json.loads(path.read_bytes().decode("utf-8"))
+        raw = read_regular(str(path), MAX_FILE_BYTES)  # never a link or a FIFO a user could plant
+    except RefusedFile as exc:
+        raise ValueError(str(exc)) from None
+    try:
+        data = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
         raise ValueError(f"not JSON: {type(exc).__name__}") from None
     if not isinstance(data, dict):
@@ -132,6 +142,7 @@ def _read(path: Path) -> Optional[Calibration]:
     if data.get("schema") != SCHEMA:
         raise ValueError(f"schema {str(data.get('schema'))[:40]!r}, not {SCHEMA}")
     try:
+        data = {RENAMED.get(k, k): v for k, v in data.items()}  # files written before the names said what they hold
         cal = Calibration(**{k: v for k, v in data.items() if k in Calibration.__dataclass_fields__})
     except TypeError as exc:  # a field missing
         raise ValueError(str(exc).replace("__init__() ", "")) from None
@@ -139,8 +150,8 @@ def _read(path: Path) -> Optional[Calibration]:
         raise ValueError("key, target, device_type, device_name and created must be strings")
     if cal.time_coef is not None and (not isinstance(cal.time_coef, list) or len(cal.time_coef) != len(TIME_FEATURES)):
         raise ValueError(f"time_coef must be a list of {len(TIME_FEATURES)} numbers")
-    numbers = list(cal.time_coef or []) + [cal.runtime_bytes or 0, cal.runtime_per_op_bytes,
-                                           cal.runtime_per_transient_byte]
+    numbers = list(cal.time_coef or []) + [cal.non_tensor_bytes or 0, cal.non_tensor_per_op_bytes,
+                                           cal.non_tensor_per_transient_byte]
     if not all(isinstance(n, (int, float)) and not isinstance(n, bool) and math.isfinite(n) for n in numbers):
         raise ValueError("time_coef and runtime_* must be finite numbers")
     return cal

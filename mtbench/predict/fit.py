@@ -134,18 +134,18 @@ def calibrate(folder: Path, target: Optional[str] = None, out: Optional[str] = N
     if len(residuals) >= 4:  # a constant, per op, per transient byte, per conv weight byte: relative error, all >= 0
         c = calibration.fit_nonnegative(np.array(mem_x), np.array(residuals, float),
                                         scale=np.array(mem_total, float))
-        cal.runtime_bytes = int(c[0])
-        cal.runtime_per_op_bytes, cal.runtime_per_transient_byte = float(c[1]), float(c[2])
-        cal.runtime_per_conv_weight_byte = float(c[3])
+        cal.non_tensor_bytes = int(c[0])
+        cal.non_tensor_per_op_bytes, cal.non_tensor_per_transient_byte = float(c[1]), float(c[2])
+        cal.non_tensor_per_conv_weight_byte = float(c[3])
     elif residuals:
-        cal.runtime_bytes = int(np.median(residuals))
+        cal.non_tensor_bytes = int(np.median(residuals))
     if residuals:
         cal.runtime_spread_bytes = [int(min(residuals)), int(max(residuals))]
-        cal.runtime_note = ("fitted to measured training memory less traced tensors: " +
+        cal.non_tensor_note = ("fitted to measured training memory less traced tensors: " +
                             ("libraries' pages, oneDNN primitives and scratch, allocator arenas" if device == "cpu"
                              else "allocations outside the traced ops (cuDNN workspace)"))
     else:
-        cal.runtime_note = "not fitted: the summaries lack the memory before the model was built (mem_runtime_bytes)"
+        cal.non_tensor_note = "not fitted: the summaries lack the memory before the model was built (mem_runtime_bytes)"
     report.append(f"{len(used)} runs of {cal.device_name} ({device}, target {target})")
     if coef is not None:
         terms = ", ".join(f"{n}={c:.3g}" for n, c in zip(calibration.TIME_FEATURES, coef))
@@ -156,11 +156,11 @@ def calibrate(folder: Path, target: Optional[str] = None, out: Optional[str] = N
     if op_coef is not None:
         report.append(f"time per op class ({op_profiled} of {len(used)} runs with per-op times): "
                       + opcost.describe(op_coef) + f"; fit MAPE {op_mape:.1f} %")
-    if cal.runtime_bytes is not None:
+    if cal.non_tensor_bytes is not None:
         lo, hi = (v / 2**20 for v in cal.runtime_spread_bytes)
-        report.append(f"runtime memory: {cal.runtime_bytes / 2**20:.1f} MiB + {cal.runtime_per_op_bytes / 1024:.1f} "
-                      f"KiB per op + {cal.runtime_per_transient_byte:.3f} per transient tensor byte + "
-                      f"{cal.runtime_per_conv_weight_byte:.3f} per convolution weight byte (measured less "
+        report.append(f"runtime memory: {cal.non_tensor_bytes / 2**20:.1f} MiB + {cal.non_tensor_per_op_bytes / 1024:.1f} "
+                      f"KiB per op + {cal.non_tensor_per_transient_byte:.3f} per transient tensor byte + "
+                      f"{cal.non_tensor_per_conv_weight_byte:.3f} per convolution weight byte (measured less "
                       f"tensors: {lo:.1f} to {hi:.1f} MiB)")
     path = calibration.save(cal, Path(out) if out else None)
     return cal, path, report

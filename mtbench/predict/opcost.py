@@ -90,7 +90,7 @@ def measured_class(name: str, device: str = "cpu") -> str:
 
 def empty_classes() -> Dict[str, Dict[str, float]]:
     """Per class: flops, grouped_flops (convolutions with groups > 1), bytes, ops; and weight_bytes (the forward
-    convolutions' weights: what oneDNN keeps reordered copies of on a CPU, see Calibration.runtime_bytes)."""
+    convolutions' weights: what oneDNN keeps reordered copies of on a CPU, see Calibration.non_tensor_bytes)."""
     return {c: {"flops": 0.0, "grouped_flops": 0.0, "bytes": 0.0, "ops": 0.0, "weight_bytes": 0.0} for c in CLASSES}
 
 

@@ -36,8 +36,8 @@ class Prediction:
     tensors_bytes: int  # peak of live tensors (on CUDA rounded as the caching allocator does: max_memory_allocated)
     breakdown_bytes: Dict[str, int]  # tensors_bytes by part (sums to it)
     allocator_reserved_bytes: Optional[int]  # CUDA: the allocator model's reserved peak (segments); None on CPU
-    runtime_bytes: int  # training memory that is not tensors (see runtime_note)
-    runtime_note: str
+    non_tensor_bytes: int  # training memory that is not tensors (see non_tensor_note)
+    non_tensor_note: str
     peak_bytes: int  # what the job needs: tensors (or the reserved segments on CUDA) + runtime
     budget_bytes: Optional[int]  # the target's budget (None: no target)
     fits: Optional[bool]  # peak_bytes <= budget_bytes
@@ -158,14 +158,14 @@ class Predictor:
             reserved: Optional[int] = peaks.reserved_bytes
         else:
             tensors, parts, reserved = trace.peak_tensor_bytes, dict(trace.breakdown_bytes), None
-        runtime, runtime_note = self._runtime(trace, parts)
+        runtime, non_tensor_note = self._runtime(trace, parts)
         peak = (reserved if reserved is not None else tensors) + runtime
         budget = self.target.memory_budget_bytes
         step_s, roofline_s, time_note = self._time(trace)
         return Prediction(
             model=model, batch_size=batch, target=self.target.name, device=self.device, traced=traced,
             tensors_bytes=int(tensors), breakdown_bytes={k: int(v) for k, v in parts.items()},
-            allocator_reserved_bytes=reserved, runtime_bytes=int(runtime), runtime_note=runtime_note,
+            allocator_reserved_bytes=reserved, non_tensor_bytes=int(runtime), non_tensor_note=non_tensor_note,
             peak_bytes=int(peak), budget_bytes=budget, fits=None if budget is None else peak <= budget,
             flops=trace.flops, forward_flops=trace.forward_flops, bytes_moved=trace.bytes_moved, ops=trace.ops,
             roofline_s=roofline_s, step_time_s=step_s, time_note=time_note,
@@ -176,12 +176,12 @@ class Predictor:
 
     def _runtime(self, trace: StepTrace, parts: Dict[str, int]) -> Tuple[int, str]:
         cal = self.calibration
-        if cal is not None and cal.runtime_bytes is not None:
+        if cal is not None and cal.non_tensor_bytes is not None:
             conv_weight_bytes = trace.op_classes.get("conv", {}).get("weight_bytes", 0.0)
-            runtime = (cal.runtime_bytes + cal.runtime_per_op_bytes * trace.ops
-                       + cal.runtime_per_transient_byte * transient_bytes(parts)
-                       + cal.runtime_per_conv_weight_byte * conv_weight_bytes)
-            return int(runtime), f"{cal.runtime_note}; {cal.describe()}"
+            runtime = (cal.non_tensor_bytes + cal.non_tensor_per_op_bytes * trace.ops
+                       + cal.non_tensor_per_transient_byte * transient_bytes(parts)
+                       + cal.non_tensor_per_conv_weight_byte * conv_weight_bytes)
+            return int(runtime), f"{cal.non_tensor_note}; {cal.describe()}"
         return DEFAULT_RUNTIME_BYTES[self.device], DEFAULT_RUNTIME_NOTE[self.device]
 
     def _time(self, trace: StepTrace) -> Tuple[Optional[float], Optional[float], str]:
@@ -267,7 +267,7 @@ def failed(model: str, batch: int, target: str, device: str, exc: BaseException)
     msg = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
     none: Any = None
     return Prediction(model=model, batch_size=batch, target=target, device=device, traced="", tensors_bytes=none,
-                      breakdown_bytes={}, allocator_reserved_bytes=None, runtime_bytes=none, runtime_note="",
+                      breakdown_bytes={}, allocator_reserved_bytes=None, non_tensor_bytes=none, non_tensor_note="",
                       peak_bytes=none, budget_bytes=None, fits=None, flops=none, forward_flops=none,
                       bytes_moved=none, ops=none, roofline_s=None, step_time_s=None, time_note="", calibrated=False,
                       trace_s=0.0, error=msg)
