@@ -462,3 +462,53 @@ def test_counting_flops_keeps_no_recomputed_activation_alive(monkeypatch):
     assert counted.breakdown_bytes == uncounted.breakdown_bytes
     assert counted.peak_tensor_bytes == uncounted.peak_tensor_bytes
     assert counted.breakdown_bytes["activations"] < plain.breakdown_bytes["activations"]
+
+
+def test_a_predicted_plan_is_confirmed_by_a_probe_and_replaced_when_it_does_not_fit(run, monkeypatch):
+    """auto never trains over its budget on the predictor's word (issue 26): the predicted plan runs a probe step;
+    here the predictor says `none` fits 4000 bytes, the probe measures 8000, and the probes' choice replaces it."""
+    monkeypatch.setattr(plan_select, "job_predictor", lambda cfg, device_type, budget_bytes: object())
+    monkeypatch.setattr(plan_select, "choose_by_prediction", lambda plans, budget, predict, batchnorm=False:
+                        plan_select.Choice(NONE, "predictor", "the least predicted time that fits",
+                                           predicted_peak_bytes=3000))
+    monkeypatch.setattr(plan_select, "probe_step", _fake_probe(batch=8))
+    from mtbench.device import peak as memory  # mallopt stays out of this test process
+
+    monkeypatch.setattr(memory, "set_cpu_malloc", lambda mode, budgeted: {"note": "fake"})
+    budget_bytes = 4000
+    summary = run([*TINY_JOB, "batch=8", "warmup=1", "steps=2", "memory.plan=auto",
+                   f"memory.budget_gb={budget_bytes / 2**30}", "memory.select=auto"])
+    plan = summary["memory_plan"]
+    assert plan["method"] == "probes" and plan["label"] != "none", plan
+    assert "the predicted plan none peaked at 8000 bytes in its probe step, over the budget" in plan["chosen_because"]
+    assert plan["probed_peak_bytes"] <= budget_bytes
+
+
+def test_a_predicted_plan_whose_probe_fits_is_kept_and_says_so(run, monkeypatch):
+    monkeypatch.setattr(plan_select, "job_predictor", lambda cfg, device_type, budget_bytes: object())
+    monkeypatch.setattr(plan_select, "choose_by_prediction", lambda plans, budget, predict, batchnorm=False:
+                        plan_select.Choice(MemoryPlan(microbatch=4), "predictor", "the least predicted time that fits",
+                                           predicted_peak_bytes=1900))
+    monkeypatch.setattr(plan_select, "probe_step", _fake_probe(batch=8))
+    from mtbench.device import peak as memory
+
+    monkeypatch.setattr(memory, "set_cpu_malloc", lambda mode, budgeted: {"note": "fake"})
+    summary = run([*TINY_JOB, "batch=8", "warmup=1", "steps=2", "memory.plan=auto",
+                   f"memory.budget_gb={4000 / 2**30}"])
+    plan = summary["memory_plan"]
+    assert plan["method"] == "predictor" and plan["label"] == "microbatch/4", plan
+    assert plan["probed_peak_bytes"] == 2000 and "confirmed by a probe step: peak 2000 bytes" in plan["chosen_because"]
+
+
+def test_a_peak_over_the_budget_is_reported_never_a_silent_success(run, tmp_path, monkeypatch):
+    """A budget from memory.budget_file alone has no peak check: a peak over it is still said
+    (memory_plan.over_budget_bytes)."""
+    budget_file = tmp_path / "budget"
+    budget_file.write_text("1000 bytes")  # far below any real step's resident memory
+    from mtbench.device import peak as memory
+
+    monkeypatch.setattr(memory, "set_cpu_malloc", lambda mode, budgeted: {"note": "fake"})
+    summary = run([*TINY_JOB, "batch=2", "warmup=0", "steps=1", "memory.plan=microbatch",
+                   f"memory.budget_file={budget_file}"])
+    over = summary["memory_plan"]["over_budget_bytes"]
+    assert over is not None and over > 0, summary["memory_plan"]

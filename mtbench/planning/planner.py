@@ -10,7 +10,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
-from mtbench.device.budget import apply_budget, budget_failure, release_budget, target_from_cfg
+from mtbench.device.budget import apply_budget, budget_failure, compared_bytes, release_budget, target_from_cfg
 from mtbench.device import peak
 from mtbench.device.select import sync
 from mtbench.device.targets import Target
@@ -228,11 +228,41 @@ class Planner:
         else:
             if self.choice is None or self.choice.method == "probes-needed":
                 self.choice = self._choose(workload, probe=True, why=self.choice.chosen_because if self.choice else None)
+            self.choice = self._confirmed(workload, self.choice)
             plan = self.choice.plan
         workload.set_memory_plan(plan)  # a plan the workload cannot run: UsageError naming what it can
         self.plan = plan
         # the probes ran other plans' shapes last: the chosen one's settles before a measured step
         self.settle_pending = bool(self.choice and self.choice.method == "probes")
+
+    def _confirmed(self, workload: Any, choice: plan_select.Choice) -> plan_select.Choice:
+        """A plan chosen from the predictor runs one probe (two steps: the higher peak counts) before it is used: the
+        prediction can be low (a workspace, an allocator's rounding), and a job must never train over its budget.
+        A plan whose probe does not fit is replaced by the probes' choice."""
+        if choice.method != "predictor" or self.budget_bytes is None:
+            return choice
+        assert self.device is not None
+        probe = plan_select.probe_step(workload, choice.plan, self.device, self.runtime_bytes, self.is_oom,
+                                       self.budget_bytes)
+        choice.probed_peak_bytes = probe["peak_bytes"]
+        if not probe["oom"] and probe["peak_bytes"] is not None and probe["peak_bytes"] <= self.budget_bytes:
+            choice.chosen_because += f"; confirmed by a probe step: peak {probe['peak_bytes']} bytes"
+            return choice
+        measured = "ran out of memory" if probe["oom"] else f"peaked at {probe['peak_bytes']} bytes"
+        why = (f"the predicted plan {choice.plan.label} {measured} in its probe step, over the budget "
+               f"{self.budget_bytes} bytes")
+        log.info("memory.plan=auto: %s; choosing by probes", why)
+        self.settle_pending = True
+        return self._choose(workload, probe=True, why=why)
+
+    def over_budget_bytes(self, mem: Dict[str, Any]) -> Optional[int]:
+        """How far the measured peak went over the budget (as the budget compares it: CUDA reserved, CPU resident
+        less the runtime), or None where it did not or there is no budget."""
+        if self.budget_bytes is None or self.device is None:
+            return None
+        peak = (mem.get("mem_peak_reserved_bytes") if self.device.type == "cuda"
+                else compared_bytes(mem, self.runtime_bytes))
+        return int(peak) - self.budget_bytes if peak is not None and peak > self.budget_bytes else None
 
     def _choose(self, workload: Any, probe: bool = True, why: Optional[str] = None) -> plan_select.Choice:
         """memory.plan=auto under the current budget (or none when there is no budget yet): the predictor, or
@@ -328,6 +358,7 @@ class Planner:
             "measured_peak_bytes": mem.get("mem_peak_bytes"),
             "budget_bytes": self.budget_bytes,
             "budget_source": self.budget_source,
+            "over_budget_bytes": self.over_budget_bytes(mem),
             "considered": choice.considered if choice else [],
             "replans": self.replans,
             "untimed_steps_before": self.settle_steps,

@@ -67,6 +67,11 @@ def print_summary(summary: Dict[str, Any], out_dir: str, compact: bool = False) 
     if summary.get("budget_bytes") is not None:
         table.add_row("target", f"{summary.get('target')}: budget {fmt_bytes(summary['budget_bytes'])} "
                                 f"({summary.get('budget_enforced_by')})")
+    over = (summary.get("memory_plan") or {}).get("over_budget_bytes") if isinstance(summary.get("memory_plan"), dict) \
+        else None
+    if over:  # never a silent success: the peak went over the budget the plan was chosen for
+        table.add_row("[yellow]WARNING[/yellow]", f"the measured peak went {fmt_bytes(over)} over the memory budget "
+                                                  f"(memory_plan.over_budget_bytes)")
     table.add_row("results", str(out_dir))
     console.print(table)
 
