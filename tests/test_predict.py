@@ -177,3 +177,26 @@ def test_max_batch_is_the_largest_that_fits(tmp_path, monkeypatch):
     best, note = predictor.max_batch("dcgan", 8)
     assert 8 < best < 100
     assert predictor.predict("dcgan", best).fits and not predictor.predict("dcgan", best + 1).fits, note
+
+
+@pytest.mark.parametrize("major, minor, config, mib", [
+    (9, 0, None, 32.0),                 # Hopper: 4096 KiB x 8
+    (8, 7, None, 8.125),                # Orin (sm87) and every other GPU: 4096 KiB x 2 + 16 KiB x 8
+    (None, None, None, 8.125),          # no GPU visible: the non-Hopper default
+    (9, 0, ":4096:8:16:8", 32.125),     # CUBLAS_WORKSPACE_CONFIG's pairs win
+    (8, 0, ":16:8", 0.125),
+])
+def test_the_cuda_term_is_cublas_workspace_not_zero(major, minor, config, mib):
+    """Issue 27 item 8: the cuBLAS workspace goes through the caching allocator (it counts in max_memory_allocated
+    and against the fraction cap): an uncalibrated CUDA prediction includes it instead of 0."""
+    from mtbench.predict.predictor import cublas_workspace_bytes
+
+    assert cublas_workspace_bytes(major, minor, config) == int(mib * 2**20)
+
+
+def test_an_uncalibrated_cuda_prediction_counts_the_cublas_workspace(monkeypatch):
+    from mtbench.predict import predictor as mod
+
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    size, note = mod.cuda_non_tensor_bytes()
+    assert size >= 8 * 2**20 and "cuBLAS's workspace" in note and "cuDNN" in note

@@ -13,16 +13,47 @@ from mtbench.predict import allocator, calibration, opcost
 from mtbench.predict.trace import StepTrace, breakdown, trace_step, transient_bytes
 
 # Training memory that is not tensors, where no calibration says otherwise. CPU: the libraries' pages a step
-# touches, oneDNN primitives and scratch, glibc arenas; a job's peak less its memory before the model was built
-# exceeded the traced tensors by 240-390 MiB on the 36 CPU jobs of benchmarks/predict_accuracy.py (x86, torch
-# 2.14). CUDA: the cuDNN workspace and what else is allocated outside the traced ops: 0 without a calibration.
-DEFAULT_RUNTIME_BYTES = {"cpu": 256 << 20, "cuda": 0}
-DEFAULT_RUNTIME_NOTE = {
-    "cpu": "assumed 256 MiB (libraries' pages, oneDNN primitives, allocator arenas; 240-390 MiB measured on x86 "
-           "with torch 2.14): not calibrated for this device",
-    "cuda": "not calibrated: cuDNN workspace unknown, counted as 0 (the CUDA context is outside the target's "
-            "budget, as its budget rule says)",
-}
+# touches, oneDNN primitives and scratch, glibc arenas (an assumed figure: the measured range is in
+# docs/benchmarks.md "Figures behind design choices"). CUDA: cuBLAS's workspace, which goes through the caching
+# allocator and so counts in max_memory_allocated and against a fraction cap (cuda_non_tensor_bytes).
+DEFAULT_NON_TENSOR_BYTES_CPU = 256 << 20
+DEFAULT_NON_TENSOR_NOTE_CPU = ("assumed 256 MiB (libraries' pages, oneDNN primitives, allocator arenas): not "
+                               "calibrated for this device")
+
+
+def cublas_workspace_bytes(major: Optional[int], minor: Optional[int], config: Optional[str]) -> int:
+    """The cuBLAS workspace torch allocates through its caching allocator for one stream (torch's
+    CUDABlasHandlePool: CUBLAS_WORKSPACE_CONFIG as ':SIZE_KIB:COUNT' pairs, else 4096 KiB x 8 = 32 MiB on sm90
+    and 4096 KiB x 2 + 16 KiB x 8 (~8 MiB) elsewhere)."""
+    if config:
+        pairs = [p for p in config.split(":") if p]
+        try:
+            numbers = [int(p) for p in pairs]
+        except ValueError:
+            numbers = []
+        if numbers and len(numbers) % 2 == 0:
+            return sum(numbers[i] * numbers[i + 1] for i in range(0, len(numbers), 2)) * 1024
+    if (major, minor) == (9, 0):
+        return 4096 * 8 * 1024
+    return (4096 * 2 + 16 * 8) * 1024
+
+
+def cuda_non_tensor_bytes() -> Tuple[int, str]:
+    """The CUDA term without a calibration: cuBLAS's workspace for this machine's GPU (or a GPU other than sm90 where
+    none is visible), and what it does not count (cuDNN's per-algorithm workspaces: calibrate to include them)."""
+    import os
+
+    major = minor = None
+    if torch.cuda.is_available():
+        major, minor = torch.cuda.get_device_capability()
+    config = os.environ.get("CUBLAS_WORKSPACE_CONFIG")
+    size = cublas_workspace_bytes(major, minor, config)
+    where = f"sm{major}{minor}" if major is not None else "a GPU other than sm90 (none visible here)"
+    return size, (f"not calibrated: cuBLAS's workspace {size / 2**20:.2f} MiB ({where}"
+                  f"{', CUBLAS_WORKSPACE_CONFIG=' + config if config else ''}); cuDNN's workspaces are not counted "
+                  "(calibrate to include them; the CUDA context is outside the target's budget, as its rule says)")
+
+
 MAX_BATCH_LIMIT = 1 << 16  # the bisection's upper end
 
 
@@ -182,7 +213,9 @@ class Predictor:
                        + cal.non_tensor_per_transient_byte * transient_bytes(parts)
                        + cal.non_tensor_per_conv_weight_byte * conv_weight_bytes)
             return int(runtime), f"{cal.non_tensor_note}; {cal.describe()}"
-        return DEFAULT_RUNTIME_BYTES[self.device], DEFAULT_RUNTIME_NOTE[self.device]
+        if self.device == "cuda":
+            return cuda_non_tensor_bytes()
+        return DEFAULT_NON_TENSOR_BYTES_CPU, DEFAULT_NON_TENSOR_NOTE_CPU
 
     def _time(self, trace: StepTrace) -> Tuple[Optional[float], Optional[float], str]:
         peak_flops, bandwidth = self.target.peak_fp32_flops, self.target.dram_bandwidth_bytes_per_s
