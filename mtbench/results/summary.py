@@ -8,7 +8,7 @@ from mtbench.results.files import SCHEMA, stats
 
 # figures that are null with a reason in `unavailable`, never a silent null or a 0
 FIGURE_KEYS = ("cpu_util_pct", "process_cpu_pct", "gpu_util_pct", "power_w", "energy_j", "mem_peak_bytes",
-               "mem_system_peak_bytes", "mem_breakdown_bytes")
+               "mem_system_peak_bytes", "mem_breakdown_bytes", "loss")
 # keys every job's summary holds beside the required ones (null where the job did not get that far)
 JOB_KEYS = ("mem_peak_source", "mem_baseline_bytes", "mem_runtime_bytes", "mem_fragmentation_bytes", "target", "budget_bytes",
             "budget_enforced_by", "parameters", "cudnn_benchmark", "memory_plan", "sampler", "env", "config")
@@ -43,13 +43,14 @@ def build_summary(*, model: Optional[str], batch_size: Optional[int], device: st
         "throughput_units_per_s": {k: v * throughput for k, v in (units_per_sample or {}).items()} if throughput
         else {},
     }
+    figures = {**figures, **_loss_figures(losses)}
     summary.update({k: figures.get(k) for k in FIGURE_KEYS})
+    if "losses" in figures:
+        summary["losses"] = figures["losses"]
     unavailable = dict(reasons)
+    if losses and summary["loss"] is None:  # steps measured, none with a loss (no steps: the job's reason)
+        unavailable["loss"] = "the workload's training step returns no loss"
     unavailable.update({k: null_reason for k in FIGURE_KEYS if summary[k] is None and k not in unavailable})
-    summary.update(_loss_figures(losses))
-    if summary["loss"] is None:
-        # steps measured, none with a loss: the workload gives none; no steps: the job's reason
-        unavailable["loss"] = "the workload's training step returns no loss" if losses else null_reason
     summary["unavailable"] = unavailable
     summary.update({k: None for k in JOB_KEYS})
     summary["profiled"] = False
@@ -73,7 +74,7 @@ def _loss_figures(losses: Optional[Sequence[Mapping[str, float]]]) -> Dict[str, 
     for step in losses or ():
         names += [n for n in step if n not in names]
     if not names:
-        return {"loss": None}
+        return {}
     by_name = {n: loss_stats([float(s[n]) for s in losses or () if n in s]) for n in names}
     figures: Dict[str, Any] = {"loss": {**by_name[names[0]], "name": names[0]}}
     if len(names) > 1:
