@@ -221,9 +221,9 @@ def test_no_step_reads_its_loss_back_to_the_host(model):
         assert loss.device.type == "meta" and loss.dim() == 0
 
 
-def plan_losses(model: str, overrides: List[str], plan, steps: int = 4) -> List[float]:
-    """The loss sequence of `steps` steps under `plan`: batch 4, two batches cycled, the same seed every time."""
-    w = workload_of(model, overrides, batch=4, batches=2)
+def plan_losses(model: str, overrides: List[str], plan, steps: int = 4, batch: int = 4) -> List[float]:
+    """The loss sequence of `steps` steps under `plan`: two batches cycled, the same seed every time."""
+    w = workload_of(model, overrides, batch=batch, batches=2)
     w.set_memory_plan(plan)
     torch.manual_seed(1)  # the same dropout masks under every plan
     return [s["loss"] for s in losses_of(w, steps)]
@@ -235,9 +235,9 @@ def test_recompute_gives_the_loss_sequence_of_plain_training():
     # BatchNorm and dropout included (MobileNetV2 has both): the recomputation replays the forward's RNG state and
     # batch statistics, and the running statistics are updated once, so every update, and so every loss, is the same
     overrides = LEARNS["mobilenetv2"][0]
-    plain = plan_losses("mobilenetv2", overrides, NONE)
+    plain = plan_losses("mobilenetv2", overrides, NONE, batch=2)
     for plan in (MemoryPlan(segments=AUTO_SEGMENTS), MemoryPlan(segments=2, share=50)):
-        assert plan_losses("mobilenetv2", overrides, plan) == pytest.approx(plain, rel=1e-6), plan
+        assert plan_losses("mobilenetv2", overrides, plan, batch=2) == pytest.approx(plain, rel=1e-6), plan
 
 
 # without BatchNorm (and without dropout, whose masks are drawn in another order per micro-batch) micro-batches give
