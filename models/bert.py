@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from models.qa import pad_ids, word_index
-from mtbench.workload.base import SetupContext, Workload, optimizer_from
+from mtbench.workload.base import SetupContext, StepLoss, Workload, optimizer_from
 
 PAD, UNK, CLS, SEP = 0, 1, 2, 3
 
@@ -91,12 +91,13 @@ class BERT(Workload):
                         for i in range(0, len(examples), b)]
         self.i = 0
 
-    def step(self) -> None:
+    def step(self) -> StepLoss:
         ids, seg, start, end = self.batches[self.i % len(self.batches)]
         self.i += 1
         self.optimizer.zero_grad(set_to_none=True)
-        self.planned_backward(self._loss, ids, seg, start, end)  # memory.plan=microbatch: per example, mean
+        loss = self.planned_backward(self._loss, ids, seg, start, end)  # memory.plan=microbatch: per example, mean
         self.optimizer.step()
+        return loss
 
     def _loss(self, ids: torch.Tensor, seg: torch.Tensor, start: torch.Tensor, end: torch.Tensor) -> torch.Tensor:
         p1, p2 = self.net(ids, seg)

@@ -19,7 +19,7 @@ from torch import nn
 
 from models.qa import pad_ids, word_index
 from mtbench.data.base import QAExample
-from mtbench.workload.base import SetupContext, Workload, optimizer_from
+from mtbench.workload.base import SetupContext, StepLoss, Workload, optimizer_from
 
 PAD, UNK = 0, 1
 
@@ -129,12 +129,13 @@ class BiDAF(Workload):
         end = torch.tensor([min(e.end, self.max_context - 1) for e in examples])
         return ids(ctxs), self._chars(ctxs), ids(qs), self._chars(qs), start, end
 
-    def step(self) -> None:
+    def step(self) -> StepLoss:
         cw, cc, qw, qc, start, end = self.batches[self.i % len(self.batches)]
         self.i += 1
         self.optimizer.zero_grad(set_to_none=True)
-        self.planned_backward(self._loss, cw, cc, qw, qc, start, end)  # memory.plan=microbatch: per example, mean
+        loss = self.planned_backward(self._loss, cw, cc, qw, qc, start, end)  # memory.plan=microbatch: per example
         self.optimizer.step()
+        return loss
 
     def _loss(self, cw: torch.Tensor, cc: torch.Tensor, qw: torch.Tensor, qc: torch.Tensor, start: torch.Tensor,
               end: torch.Tensor) -> torch.Tensor:

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mtbench.workload.base import SetupContext, Workload, optimizer_from
+from mtbench.workload.base import SetupContext, StepLoss, Workload, optimizer_from
 
 
 class CharConvLSTM(nn.Module):
@@ -66,15 +66,16 @@ class CharRNN(Workload):
         self.batches = [(w[:, :-1].to(ctx.device), w[:, 1:].to(ctx.device)) for w in windows]
         self.i = 0
 
-    def step(self) -> None:
+    def step(self) -> StepLoss:
         x, y = self.batches[self.i % len(self.batches)]
         self.i += 1
         self.optimizer.zero_grad(set_to_none=True)
         # memory.plan=microbatch: every sequence has seq_len characters, so the mean over a micro-batch's
         # characters weighted by its share of the sequences is the batch's mean
-        self.planned_backward(self._loss, x, y)
+        loss = self.planned_backward(self._loss, x, y)
         nn.utils.clip_grad_norm_(self.net.parameters(), 5.0)
         self.optimizer.step()
+        return loss  # mean cross-entropy per character
 
     def _loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         logits = self.net(x)

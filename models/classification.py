@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from mtbench.workload.blocks import sequential_blocks
-from mtbench.workload.base import SetupContext, Workload, optimizer_from
+from mtbench.workload.base import SetupContext, StepLoss, Workload, optimizer_from
 
 
 class ImageClassification(Workload):
@@ -28,13 +28,14 @@ class ImageClassification(Workload):
         self.batches = [(x.to(ctx.device), y.to(ctx.device)) for x, y in batches]
         self.i = 0
 
-    def step(self) -> None:
+    def step(self) -> StepLoss:
         x, y = self.batches[self.i % len(self.batches)]
         self.i += 1
         self.optimizer.zero_grad(set_to_none=True)
         # forward and backward under the memory plan (recomputed segments, micro-batches); one update per step
-        self.planned_backward(lambda x, y: F.cross_entropy(self.planned_forward(self.net, x), y), x, y)
+        loss = self.planned_backward(lambda x, y: F.cross_entropy(self.planned_forward(self.net, x), y), x, y)
         self.optimizer.step()
+        return loss  # the batch's mean cross-entropy before the update, detached
 
     def blocks(self) -> Optional[List[torch.nn.Module]]:
         # derived once from the network's children and checked against net(x) on two images

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mtbench.workload.base import SetupContext, Workload, optimizer_from
+from mtbench.workload.base import SetupContext, StepLoss, Workload, optimizer_from
 
 
 def _init(m: nn.Module) -> None:
@@ -68,7 +68,7 @@ class DCGAN(Workload):
         self.zeros = torch.zeros(ctx.batch_size, 1, device=ctx.device)
         self.i = 0
 
-    def step(self) -> None:
+    def step(self) -> StepLoss:
         real, z = self.real[self.i % len(self.real)], self.noise[self.i % len(self.noise)]
         self.i += 1
         fake = self.g(z)
@@ -83,6 +83,9 @@ class DCGAN(Workload):
         loss_g = F.binary_cross_entropy_with_logits(self.d(fake), self.ones)
         loss_g.backward()
         self.opt_g.step()
+        # the discriminator's loss is the headline (it falls as D learns to tell the batches from the fakes);
+        # the generator's rises as D wins: a GAN's two losses are a contest, not one figure falling
+        return {"loss_d": loss_d.detach(), "loss_g": loss_g.detach()}
 
     def modules(self) -> List[torch.nn.Module]:
         return [self.g, self.d]

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mtbench.workload.base import SetupContext, Workload, optimizer_from
+from mtbench.workload.base import SetupContext, StepLoss, Workload, optimizer_from
 
 
 class NatureQNetwork(nn.Module):
@@ -103,7 +103,7 @@ class DQN(Workload):
                 return 0
             return int(q.argmax(1).item())  # .item() is a CPU-GPU sync point
 
-    def step(self) -> None:
+    def step(self) -> StepLoss:
         t0 = time.monotonic()
         for _ in range(self.env_steps):
             self._env_step(self._act())
@@ -124,6 +124,7 @@ class DQN(Workload):
             torch.cuda.synchronize(self.device)  # so that the update's time is its own
         self.env_time.append(t1 - t0)
         self.update_time.append(time.monotonic() - t1)
+        return loss.detach()  # the TD error's Huber loss over the sampled transitions, before the update
 
     def modules(self) -> List[nn.Module]:
         return [self.q]

@@ -17,7 +17,7 @@ from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from mtbench.data.base import BOS, EOS
-from mtbench.workload.base import SetupContext, Workload, optimizer_from
+from mtbench.workload.base import SetupContext, StepLoss, Workload, optimizer_from
 
 
 class AttentionSeq2Seq(nn.Module):
@@ -90,7 +90,7 @@ class Seq2Seq(Workload):
             tgt_out[i, : len(t) + 1] = torch.from_numpy(np.concatenate([t, [EOS]]))
         return src_t, s_len, tgt_in, tgt_out
 
-    def step(self) -> None:
+    def step(self) -> StepLoss:
         src, src_len, tgt_in, tgt_out = self.batches[self.i % len(self.batches)]
         self.i += 1
         self.optimizer.zero_grad(set_to_none=True)
@@ -99,6 +99,7 @@ class Seq2Seq(Workload):
         loss.backward()
         nn.utils.clip_grad_norm_(self.net.parameters(), 5.0)
         self.optimizer.step()
+        return loss.detach()  # per target token: the mean over the tokens that are not padding
 
     def modules(self) -> List[nn.Module]:
         return [self.net]

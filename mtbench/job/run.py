@@ -29,7 +29,7 @@ from mtbench.results import files as results
 from mtbench.results.summary import build_summary
 from mtbench.sampling import Sampler, SensorUnavailable, open_sensors, windows
 from mtbench.sampling.process import ProcessSampler, SamplerError
-from mtbench.workload.base import MAX_PREPARED_BATCHES, SetupContext, Workload
+from mtbench.workload.base import MAX_PREPARED_BATCHES, SetupContext, StepLoss, Workload, step_losses
 from mtbench.workload.breakdown import breakdown_bytes, fragmentation_bytes
 
 log = logging.getLogger("mtbench")
@@ -52,6 +52,8 @@ class Job:
         self.power = PowerControl(cfg, self.out_dir, self.device)  # power.*: checked here, applied in run()
         self.failure: Optional[Dict[str, str]] = None
         self.durations: List[float] = []
+        self.losses: Dict[int, Dict[str, float]] = {}  # step index -> the losses its step returned, by name
+        self.measured_losses: List[Dict[str, float]] = []  # those of the measured steps, in order
         self.mem: Dict[str, Any] = {"mem_peak_bytes": None, "mem_peak_source": None}
         self.workload: Optional[Workload] = None
         self.data_label = "unknown"
@@ -159,8 +161,13 @@ class Job:
     def _timed_step(self, index: int, warmup: bool) -> float:
         assert self.workload is not None and self.sampler is not None
         self.planner.before_step(index)  # a new budget in memory.budget_file: re-plan before this step, untimed
-        start, end = timed_step(self.device, self.workload.step)
+        returned: List[StepLoss] = []
+        start, end = timed_step(self.device, lambda: returned.append(self.workload.step()))
         self.sampler.mark_step(index, start, end, warmup)
+        # read back after the step's closing synchronization: no CPU-GPU sync point enters the timed window
+        self.losses[index] = step_losses(returned[0])
+        if not warmup:
+            self.measured_losses.append(self.losses[index])
         return end - start
 
     def summary(self, samples) -> Dict[str, Any]:
@@ -193,7 +200,7 @@ class Job:
                      "mem_breakdown_bytes": self.breakdown},
             reasons=reasons,
             null_reason=self.no_samples_reason if samples is None else "the job ended before its measured steps",
-            units_per_sample=units,
+            units_per_sample=units, losses=self.measured_losses,
             job={
                 **self.mem,
                 "mem_runtime_bytes": self.runtime_bytes,
@@ -345,7 +352,23 @@ def _write(job: Job, samples) -> None:
     if samples is not None and job.sampler is not None:
         header, rows = windows.step_rows(job.sampler.marks, samples, job.interval_ms)
         header, rows = header + ["plan"], [row + [job.planner.labels.get(row[0])] for row in rows]
+        header, rows = _with_losses(header, rows, job.losses)
         results.write_steps(job.out_dir, header, rows)
         results.write_samples(job.out_dir, samples)
     results.write_summary(job.out_dir, summary)
     job.last_summary = summary
+
+
+def _with_losses(header: List[str], rows: List[list], losses: Dict[int, Dict[str, float]]):
+    """steps.csv's loss columns: `loss` (the headline, a workload's first loss) and, for a workload with named
+    losses, one column per name (DCGAN: loss_d, loss_g); empty where a step returned none."""
+    names: List[str] = []
+    for step in losses.values():
+        names += [n for n in step if n not in names]
+    named = [n for n in names if n != "loss"]
+    out = []
+    for row in rows:
+        values = losses.get(row[0], {})
+        headline = next(iter(values.values()), None)
+        out.append(row + [headline] + [values.get(n) for n in named])
+    return header + ["loss"] + named, out

@@ -1,13 +1,14 @@
 """The one summary builder: the contract's dict (docs/results.md) for a finished job and for one whose process died."""
 from __future__ import annotations
 
-from typing import Any, Dict, Mapping, Optional, Sequence
+import math
+from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from mtbench.results.files import SCHEMA, stats
 
 # figures that are null with a reason in `unavailable`, never a silent null or a 0
 FIGURE_KEYS = ("cpu_util_pct", "process_cpu_pct", "gpu_util_pct", "power_w", "energy_j", "mem_peak_bytes",
-               "mem_system_peak_bytes", "mem_breakdown_bytes")
+               "mem_system_peak_bytes", "mem_breakdown_bytes", "loss")
 # keys every job's summary holds beside the required ones (null where the job did not get that far)
 JOB_KEYS = ("mem_peak_source", "mem_baseline_bytes", "mem_runtime_bytes", "mem_fragmentation_bytes", "target", "budget_bytes",
             "budget_enforced_by", "parameters", "cudnn_benchmark", "memory_plan", "sampler", "env", "config")
@@ -17,11 +18,13 @@ def build_summary(*, model: Optional[str], batch_size: Optional[int], device: st
                   failure: Optional[Dict[str, str]], warmup_steps: int, durations_s: Sequence[float],
                   figures: Mapping[str, Any], reasons: Mapping[str, str], null_reason: str,
                   units_per_sample: Optional[Mapping[str, float]] = None, job: Optional[Mapping[str, Any]] = None,
-                  extra: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
+                  extra: Optional[Mapping[str, Any]] = None,
+                  losses: Optional[Sequence[Mapping[str, float]]] = None) -> Dict[str, Any]:
     """A job's summary. `figures`: the values of FIGURE_KEYS it has (the others are null); `reasons`: why a figure
     is null, where known ({key or key.field: reason}); `null_reason`: the reason of every other null figure;
     `job`: the JOB_KEYS it has and any other key of the job (the budget's); `extra` is added last (the workload's
-    own metrics)."""
+    own metrics); `losses`: what each measured step's `step()` returned, by name (None or empty: `null_reason`
+    says why there is no loss)."""
     measured = len(durations_s)
     total_s = float(sum(durations_s))
     throughput = batch_size * measured / total_s if batch_size and total_s > 0 else None
@@ -40,8 +43,13 @@ def build_summary(*, model: Optional[str], batch_size: Optional[int], device: st
         "throughput_units_per_s": {k: v * throughput for k, v in (units_per_sample or {}).items()} if throughput
         else {},
     }
+    figures = {**figures, **_loss_figures(losses)}
     summary.update({k: figures.get(k) for k in FIGURE_KEYS})
+    if "losses" in figures:
+        summary["losses"] = figures["losses"]
     unavailable = dict(reasons)
+    if losses and summary["loss"] is None:  # steps measured, none with a loss (no steps: the job's reason)
+        unavailable["loss"] = "the workload's training step returns no loss"
     unavailable.update({k: null_reason for k in FIGURE_KEYS if summary[k] is None and k not in unavailable})
     summary["unavailable"] = unavailable
     summary.update({k: None for k in JOB_KEYS})
@@ -49,3 +57,26 @@ def build_summary(*, model: Optional[str], batch_size: Optional[int], device: st
     summary.update(job or {})
     summary.update(extra or {})
     return summary
+
+
+def loss_stats(values: Sequence[float]) -> Dict[str, Any]:
+    """{first, last, min} of one loss over the measured steps; a NaN or infinite loss (a run that diverged) is null
+    in first / last, left out of min, and counted in nonfinite_steps."""
+    finite = [v for v in values if math.isfinite(v)]
+    return {"first": values[0], "last": values[-1], "min": min(finite) if finite else None,
+            "nonfinite_steps": len(values) - len(finite)}
+
+
+def _loss_figures(losses: Optional[Sequence[Mapping[str, float]]]) -> Dict[str, Any]:
+    """summary.json's `loss` (the headline: a workload's first loss, with its `name`) and, for a workload with
+    several named losses, `losses` ({name: stats})."""
+    names: List[str] = []
+    for step in losses or ():
+        names += [n for n in step if n not in names]
+    if not names:
+        return {}
+    by_name = {n: loss_stats([float(s[n]) for s in losses or () if n in s]) for n in names}
+    figures: Dict[str, Any] = {"loss": {**by_name[names[0]], "name": names[0]}}
+    if len(names) > 1:
+        figures["losses"] = by_name
+    return figures

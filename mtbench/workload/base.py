@@ -9,7 +9,7 @@ from __future__ import annotations
 import abc
 import contextlib
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Union
 
 import torch
 
@@ -18,6 +18,9 @@ from mtbench.errors import UsageError
 from mtbench.workload import plans
 
 MAX_PREPARED_BATCHES = 8  # distinct input batches a job makes before timing; its steps cycle through them
+
+# what `step` returns: its loss as a detached 0-d tensor, a dict of named losses (the first is the headline), or None
+StepLoss = Union[torch.Tensor, Dict[str, torch.Tensor], None]
 
 
 @dataclass
@@ -45,8 +48,13 @@ class Workload(abc.ABC):
         """Build model(s) and optimizer(s) on ctx.device and prepare every input batch."""
 
     @abc.abstractmethod
-    def step(self) -> None:
-        """One training step: forward, loss, backward, optimizer update. Never times itself."""
+    def step(self) -> StepLoss:
+        """One training step: forward, loss, backward, optimizer update. Never times itself.
+
+        Returns the step's loss as a detached 0-d tensor on the device, never read back to the host here (`.item()`
+        would be a CPU-GPU sync point inside the timed window; the job reads it after the step's closing
+        synchronization); a workload with several losses returns them by name, headline first (DCGAN:
+        {"loss_d": ..., "loss_g": ...}); None where it has no loss."""
 
     @abc.abstractmethod
     def modules(self) -> List[torch.nn.Module]:
@@ -117,6 +125,16 @@ class Workload(abc.ABC):
         """Figures only this workload knows (e.g. environment vs update time) over its last
         `measured_steps` steps (the measured ones), added to summary.json."""
         return {}
+
+
+def step_losses(result: StepLoss) -> Dict[str, float]:
+    """A step's return value as {name: float}: "loss" for a single tensor, the workload's names for a dict (headline
+    first); {} for None. Reads the tensors back to the host: call it after the step's closing synchronization."""
+    if result is None:
+        return {}
+    if isinstance(result, torch.Tensor):
+        return {"loss": float(result)}
+    return {str(name): float(value) for name, value in result.items()}
 
 
 def optimizer_from(partial: Any, params: Any) -> torch.optim.Optimizer:
