@@ -36,6 +36,9 @@ class ImageClassification(Workload):
         self.planned_backward(lambda x, y: F.cross_entropy(self.planned_forward(self.net, x), y), x, y)
         self.optimizer.step()
 
+    def take_batch(self, batch: Any) -> None:
+        self.batches, self.i = [tuple(batch)], 0  # the pipeline's batch replaces the prepared ones
+
     def blocks(self) -> Optional[List[torch.nn.Module]]:
         # derived once from the network's children and checked against net(x) on two images
         if not self._blocks_derived:

@@ -17,11 +17,13 @@ def build_summary(*, model: Optional[str], batch_size: Optional[int], device: st
                   failure: Optional[Dict[str, str]], warmup_steps: int, durations_s: Sequence[float],
                   figures: Mapping[str, Any], reasons: Mapping[str, str], null_reason: str,
                   units_per_sample: Optional[Mapping[str, float]] = None, job: Optional[Mapping[str, Any]] = None,
-                  extra: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
+                  extra: Optional[Mapping[str, Any]] = None,
+                  data_wait_s: Optional[Sequence[float]] = None) -> Dict[str, Any]:
     """A job's summary. `figures`: the values of FIGURE_KEYS it has (the others are null); `reasons`: why a figure
     is null, where known ({key or key.field: reason}); `null_reason`: the reason of every other null figure;
     `job`: the JOB_KEYS it has and any other key of the job (the budget's); `extra` is added last (the workload's
-    own metrics)."""
+    own metrics); `data_wait_s`: the seconds each measured step blocked on its batch (data.loader=dataloader; None:
+    batches were made before timing)."""
     measured = len(durations_s)
     total_s = float(sum(durations_s))
     throughput = batch_size * measured / total_s if batch_size and total_s > 0 else None
@@ -41,7 +43,19 @@ def build_summary(*, model: Optional[str], batch_size: Optional[int], device: st
         else {},
     }
     summary.update({k: figures.get(k) for k in FIGURE_KEYS})
+    waits = list(data_wait_s) if data_wait_s else []
+    summary["data_wait_s"] = stats(waits) if waits else None
+    # the share of the training loop's time spent waiting for data: waits / (waits + step times)
+    loop_s = sum(waits) + total_s
+    summary["data_wait_share"] = sum(waits) / loop_s if waits and loop_s > 0 else None
     unavailable = dict(reasons)
+    if data_wait_s is None:
+        for key in ("data_wait_s", "data_wait_share"):
+            unavailable.setdefault(key, "data.loader=preloaded: every batch is made before timing, no step waits "
+                                        "for its data")
+    elif not waits:
+        for key in ("data_wait_s", "data_wait_share"):
+            unavailable.setdefault(key, null_reason)
     unavailable.update({k: null_reason for k in FIGURE_KEYS if summary[k] is None and k not in unavailable})
     summary["unavailable"] = unavailable
     summary.update({k: None for k in JOB_KEYS})

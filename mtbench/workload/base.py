@@ -52,6 +52,11 @@ class Workload(abc.ABC):
     def modules(self) -> List[torch.nn.Module]:
         """The trained networks (for parameter counts)."""
 
+    def take_batch(self, batch: Any) -> None:
+        """Train the next step on `batch` (on the device already), from data.loader=dataloader's pipeline."""
+        raise UsageError(f"data.loader=dataloader: {type(self).__name__} trains only on batches it prepares; "
+                         "allowed: data.loader=preloaded, or an image classification model")
+
     def blocks(self) -> Optional[List[torch.nn.Module]]:
         """The trained network as a sequence of blocks (x -> b_n(...b_1(x))) for recomputation; None: not segmented."""
         return None
