@@ -34,6 +34,7 @@ from mtbench.workload.base import MAX_PREPARED_BATCHES, SetupContext, Workload
 from mtbench.workload.breakdown import breakdown_bytes, fragmentation_bytes
 
 log = logging.getLogger("mtbench")
+PRELOADED = "data.loader=preloaded: every batch is made before timing, no step waits for its data"
 
 
 
@@ -186,6 +187,8 @@ class Job:
         reasons = dict(telemetry.get("unavailable") or {})
         if self.breakdown is None:
             reasons["mem_breakdown_bytes"] = self.breakdown_reason
+        if self.pipeline is None:
+            reasons["data_wait_s"] = reasons["data_wait_share"] = PRELOADED
         if self.extra is not None:
             extra = self.extra
         elif self.workload is not None:  # the job ended before its breakdown step: its steps are the last ones

@@ -7,10 +7,10 @@ from mtbench.results.files import SCHEMA, stats
 
 # figures that are null with a reason in `unavailable`, never a silent null or a 0
 FIGURE_KEYS = ("cpu_util_pct", "process_cpu_pct", "gpu_util_pct", "power_w", "energy_j", "mem_peak_bytes",
-               "mem_system_peak_bytes", "mem_breakdown_bytes")
+               "mem_system_peak_bytes", "mem_breakdown_bytes", "data_wait_s", "data_wait_share")
 # keys every job's summary holds beside the required ones (null where the job did not get that far)
 JOB_KEYS = ("mem_peak_source", "mem_baseline_bytes", "mem_runtime_bytes", "mem_fragmentation_bytes", "target", "budget_bytes",
-            "budget_enforced_by", "parameters", "cudnn_benchmark", "memory_plan", "sampler", "env", "config")
+            "budget_enforced_by", "parameters", "cudnn_benchmark", "data_pipeline", "memory_plan", "sampler", "env", "config")
 
 
 def build_summary(*, model: Optional[str], batch_size: Optional[int], device: str, data: str,
@@ -22,8 +22,8 @@ def build_summary(*, model: Optional[str], batch_size: Optional[int], device: st
     """A job's summary. `figures`: the values of FIGURE_KEYS it has (the others are null); `reasons`: why a figure
     is null, where known ({key or key.field: reason}); `null_reason`: the reason of every other null figure;
     `job`: the JOB_KEYS it has and any other key of the job (the budget's); `extra` is added last (the workload's
-    own metrics); `data_wait_s`: the seconds each measured step blocked on its batch (data.loader=dataloader; None:
-    batches were made before timing)."""
+    own metrics); `data_wait_s`: the seconds each measured step blocked on its batch (data.loader=dataloader;
+    the job gives the reason where batches were made before timing)."""
     measured = len(durations_s)
     total_s = float(sum(durations_s))
     throughput = batch_size * measured / total_s if batch_size and total_s > 0 else None
@@ -42,20 +42,13 @@ def build_summary(*, model: Optional[str], batch_size: Optional[int], device: st
         "throughput_units_per_s": {k: v * throughput for k, v in (units_per_sample or {}).items()} if throughput
         else {},
     }
-    summary.update({k: figures.get(k) for k in FIGURE_KEYS})
-    waits = list(data_wait_s) if data_wait_s else []
-    summary["data_wait_s"] = stats(waits) if waits else None
+    waits = list(data_wait_s or [])
     # the share of the training loop's time spent waiting for data: waits / (waits + step times)
     loop_s = sum(waits) + total_s
-    summary["data_wait_share"] = sum(waits) / loop_s if waits and loop_s > 0 else None
+    figures = {**figures, "data_wait_s": stats(waits),
+               "data_wait_share": sum(waits) / loop_s if waits and loop_s > 0 else None}
+    summary.update({k: figures.get(k) for k in FIGURE_KEYS})
     unavailable = dict(reasons)
-    if data_wait_s is None:
-        for key in ("data_wait_s", "data_wait_share"):
-            unavailable.setdefault(key, "data.loader=preloaded: every batch is made before timing, no step waits "
-                                        "for its data")
-    elif not waits:
-        for key in ("data_wait_s", "data_wait_share"):
-            unavailable.setdefault(key, null_reason)
     unavailable.update({k: null_reason for k in FIGURE_KEYS if summary[k] is None and k not in unavailable})
     summary["unavailable"] = unavailable
     summary.update({k: None for k in JOB_KEYS})
