@@ -152,3 +152,56 @@ def test_a_link_planted_as_the_cache_folder_is_refused(tmp_path):
 def test_a_bad_loader_setting_names_the_value_and_what_is_allowed(key, value, allowed):
     with pytest.raises(UsageError, match=f"data.{key}=.*allowed: {allowed}"):
         _settings(**{key: value})
+
+
+class SlowSet(torch.utils.data.Dataset):
+    """Each item takes `item_s` seconds to load, as a slow disk or a heavy decode would."""
+
+    def __init__(self, item_s: float, size: int = 64) -> None:
+        self.item_s, self.size = item_s, size
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, index: int):
+        time.sleep(self.item_s)
+        return torch.zeros(3, 32, 32), torch.tensor(0)
+
+
+def _waits(workers: int, step_s: float, batches: int = 6) -> list:
+    pipeline = Pipeline("", _settings(workers=workers, prefetch_factor=2), 2, seed=0, dataset=lambda: SlowSet(0.02))
+    try:
+        waits = []
+        for _ in range(batches):
+            _, wait_s = pipeline.next_batch()
+            waits.append(wait_s)
+            time.sleep(step_s)  # the training step, during which workers load ahead
+        return waits[2:]  # after the workers' start-up
+    finally:
+        pipeline.close()
+
+
+def test_data_wait_is_what_the_workers_cannot_hide():
+    # no workers: the loop loads each batch itself, 2 items x 20 ms
+    assert sorted(_waits(0, 0.0))[1] == pytest.approx(0.04, rel=0.1)
+    # one worker, 40 ms a batch, under a 20 ms step: it hides half, the loop waits ~20 ms
+    assert sorted(_waits(1, 0.02))[1] == pytest.approx(0.02, rel=0.35, abs=0.004)
+    # two workers under a 60 ms step keep ahead: the wait is the hand-over only
+    assert max(_waits(2, 0.06)) < 0.01
+
+
+def test_a_killed_worker_is_an_error_not_a_hang(tmp_path):
+    write_cifar(tmp_path, per_batch=4)
+    pipeline = Pipeline(str(tmp_path), _settings(workers=1, persistent_workers=True), 2, seed=0)
+    before = _children()
+    try:
+        pipeline.next_batch()
+        (worker,) = _children() - before
+        os.kill(worker, 9)
+        with pytest.raises(RuntimeError, match="DataLoader worker"):
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:  # the batches it made before it died may come first
+                pipeline.next_batch()
+                time.sleep(0.05)
+    finally:
+        pipeline.close()
