@@ -12,6 +12,7 @@ from mtbench.workload.base import SetupContext, Workload, optimizer_from
 
 class ImageClassification(Workload):
     MICROBATCH = True  # the loss is the mean cross-entropy over the batch's images
+    TAKES_BATCHES = True  # data.loader=dataloader hands it each step's images
 
     def __init__(self, net: torch.nn.Module, optimizer: Any, input_shape: Sequence[int], num_classes: int) -> None:
         self.net = net

@@ -121,11 +121,16 @@ class Pipeline:
         self.loader = None
 
 
-def open_pipeline(data: DataSource, batch_size: int, seed: int, device: torch.device) -> Optional[Pipeline]:
-    """The pipeline data.loader=dataloader asks for, or None for data.loader=preloaded (batches made before timing)."""
+def open_pipeline(data: DataSource, batch_size: int, seed: int, device: torch.device,
+                  model_takes_batches: bool) -> Optional[Pipeline]:
+    """The pipeline data.loader=dataloader asks for, or None for data.loader=preloaded (batches made before timing);
+    a model that trains only on batches it prepares is refused in one line."""
     settings = data.loader_settings
     if settings.loader != "dataloader":
         return None
+    if not model_takes_batches:
+        raise UsageError("data.loader=dataloader: this model trains only on the batches it prepares (only the image "
+                         "classification models have a pipeline yet); allowed: data.loader=preloaded")
     root = data.pipeline_root(settings.cache_dir)
     image_size = int(getattr(data, "image_size", 32))
     return Pipeline(root, settings, batch_size, seed, image_size,

@@ -131,7 +131,8 @@ class Job:
             batches=min(MAX_PREPARED_BATCHES, spec.warmup + spec.steps),
         )
         self.workload.setup(ctx)
-        self.pipeline = open_pipeline(data, spec.batch_size, spec.seed, self.device)  # None: data.loader=preloaded
+        # None for data.loader=preloaded
+        self.pipeline = open_pipeline(data, spec.batch_size, spec.seed, self.device, self.workload.TAKES_BATCHES)
         # memory.plan: fixed, or (auto) the fastest predicted or probed plan that fits the budget
         self.planner.start(self.workload, is_oom, self.runtime_bytes)
         self.parameters = self.workload.parameter_count()

@@ -39,6 +39,7 @@ class Workload(abc.ABC):
 
     memory_plan: plans.MemoryPlan = plans.NONE  # how the next step runs (recompute, micro-batches)
     MICROBATCH = False  # True: `step` computes its gradients through `planned_backward`
+    TAKES_BATCHES = False  # True: `take_batch` trains the next step on a batch from data.loader=dataloader
 
     @abc.abstractmethod
     def setup(self, ctx: SetupContext) -> None:
@@ -54,8 +55,7 @@ class Workload(abc.ABC):
 
     def take_batch(self, batch: Any) -> None:
         """Train the next step on `batch` (on the device already), from data.loader=dataloader's pipeline."""
-        raise UsageError(f"data.loader=dataloader: {type(self).__name__} trains only on batches it prepares; "
-                         "allowed: data.loader=preloaded, or an image classification model")
+        raise NotImplementedError(f"{type(self).__name__} trains only on the batches it prepares")
 
     def blocks(self) -> Optional[List[torch.nn.Module]]:
         """The trained network as a sequence of blocks (x -> b_n(...b_1(x))) for recomputation; None: not segmented."""
