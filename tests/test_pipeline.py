@@ -49,7 +49,8 @@ def test_a_job_on_the_pipeline_trains_and_records_each_steps_data_wait(run, tmp_
     for r, nxt in zip(rows, rows[1:]):
         assert float(nxt["start_s"]) - float(r["end_s"]) >= float(nxt["data_wait_s"]) * 0.99
     # the synthetic set was written once, in the real format, where data.cache_dir says
-    assert list((tmp_path / "cache").glob("*/cifar-10-batches-py/complete"))
+    (written,) = (tmp_path / "cache").glob("*/cifar-10-batches-py/complete")
+    assert summary["data_pipeline"]["root"] == str(written.parent.parent)
 
 
 def test_preloaded_stays_the_default_and_its_data_wait_is_null_with_a_reason(run, tmp_path):

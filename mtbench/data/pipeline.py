@@ -64,6 +64,7 @@ class Pipeline:
     def __init__(self, root: str, settings: LoaderSettings, batch_size: int, seed: int, image_size: int = 32,
                  pin_memory: bool = False, dataset: Optional[Callable[[], torch.utils.data.Dataset]] = None) -> None:
         self.settings = settings
+        self.root = root  # the folder holding cifar-10-batches-py/ (the cache's, for data=synthetic)
         self.batch_size = batch_size
         self.pin_memory = pin_memory  # pinned only where a GPU trains: pinning for the CPU is wasted work
         self.transform, self.transforms_module = cifar_train_transform(image_size)
@@ -103,7 +104,7 @@ class Pipeline:
     def describe(self) -> dict:
         """What summary.json records of the pipeline."""
         s = self.settings
-        return {"loader": s.loader, "workers": s.workers, "pin_memory": self.pin_memory,
+        return {"loader": s.loader, "root": self.root, "workers": s.workers, "pin_memory": self.pin_memory,
                 "prefetch_factor": s.prefetch_factor if s.workers else None,
                 "persistent_workers": s.persistent_workers and s.workers > 0,
                 "transforms": self.transforms_module, "epochs": self.epochs}
