@@ -12,6 +12,7 @@ from mtbench.workload.base import SetupContext, StepLoss, Workload, optimizer_fr
 
 class ImageClassification(Workload):
     MICROBATCH = True  # the loss is the mean cross-entropy over the batch's images
+    TAKES_BATCHES = True  # data.loader=dataloader hands it each step's images
 
     def __init__(self, net: torch.nn.Module, optimizer: Any, input_shape: Sequence[int], num_classes: int) -> None:
         self.net = net
@@ -36,6 +37,9 @@ class ImageClassification(Workload):
         loss = self.planned_backward(lambda x, y: F.cross_entropy(self.planned_forward(self.net, x), y), x, y)
         self.optimizer.step()
         return loss  # the batch's mean cross-entropy before the update, detached
+
+    def take_batch(self, batch: Any) -> None:
+        self.batches, self.i = [tuple(batch)], 0  # the pipeline's batch replaces the prepared ones
 
     def blocks(self) -> Optional[List[torch.nn.Module]]:
         # derived once from the network's children and checked against net(x) on two images

@@ -329,6 +329,12 @@ SCHEMA: Dict[str, Any] = {
     "power.gpu_power_limit_w": _null_or(_watts, "a number of W > 0"),
     "power.gpu_locked_clocks_mhz": _null_or(_mhz_pair, "a clock in MHz or [min, max] MHz with min <= max"),
     "power.sysfs_root": _path_or_null,
+    "data.loader": _one_of("preloaded", "dataloader"),
+    "data.workers": _whole(0),
+    "data.pin_memory": _boolean,
+    "data.prefetch_factor": _whole(1),
+    "data.persistent_workers": _boolean,
+    "data.cache_dir": _path_or_null,
 }
 
 

@@ -83,7 +83,8 @@ class Atari(DataSource):
     name = "atari"
     gives = "an Atari environment"
 
-    def __init__(self, game: str = "Pong") -> None:
+    def __init__(self, game: str = "Pong", **loader) -> None:
+        self.set_loader(loader)
         self.game = str(game)
 
     @property

@@ -8,7 +8,7 @@ gives and which sources give what the model needs.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, List, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -43,9 +43,45 @@ class QAExample:
     end: int  # index of its last token (inclusive)
 
 
+LOADER_KEYS = ("loader", "workers", "pin_memory", "prefetch_factor", "persistent_workers", "cache_dir")
+
+
+@dataclass
+class LoaderSettings:
+    """data.loader and its DataLoader's settings (conf/data/_pipeline.yaml; docs/models.md "Input pipeline")."""
+
+    loader: str = "preloaded"  # preloaded: batches made before timing; dataloader: a DataLoader over the set's files
+    workers: int = 0  # DataLoader worker processes (0: the training process loads and augments itself)
+    pin_memory: bool = False  # page-locked batches (CUDA only), copied to the GPU without blocking
+    prefetch_factor: int = 2  # batches each worker loads ahead (workers >= 1)
+    persistent_workers: bool = False  # keep the workers (and the set they read) from one epoch to the next
+    cache_dir: Optional[str] = None  # where data=synthetic writes its on-disk set (null: ~/.cache/mtbench)
+
+    @classmethod
+    def from_keys(cls, keys: Dict[str, Any]) -> "LoaderSettings":
+        """The settings from data.* keys, each checked by the config schema (a UsageError naming a bad one)."""
+        from mtbench.config import check_value
+
+        unknown = sorted(set(keys) - set(LOADER_KEYS))
+        if unknown:
+            raise UsageError(f"data.{unknown[0]} is not a key of this data source; allowed: "
+                             + ", ".join(f"data.{k}" for k in LOADER_KEYS))
+        return cls(**{k: check_value(f"data.{k}", v) for k, v in keys.items()})
+
+
 class DataSource:
     name = "data"
     gives = "nothing"  # what this source provides, for error messages
+    loader_settings = LoaderSettings()  # data.loader=preloaded unless the config says otherwise
+
+    def set_loader(self, keys: Dict[str, Any]) -> None:
+        """data.loader and its settings, the keys every conf/data/ file takes from _pipeline.yaml."""
+        self.loader_settings = LoaderSettings.from_keys(keys)
+
+    def pipeline_root(self, cache_dir: Optional[str]) -> str:
+        """The folder holding cifar-10-batches-py/ that data.loader=dataloader reads (only image sets have one yet)."""
+        raise UsageError(f"data.loader=dataloader: data={self.name} has no input pipeline yet (only CIFAR-10 "
+                         "images); allowed: data.loader=preloaded, or data=cifar10 / data=synthetic with an image model")
 
     @property
     def label(self) -> str:
@@ -94,7 +130,8 @@ class LocalFiles(DataSource):
 
     needs = "data.path=FILE"
 
-    def __init__(self, location: str) -> None:
+    def __init__(self, location: str, **loader: Any) -> None:
+        self.set_loader(loader)
         if not location:
             from mtbench.errors import DataError
 

@@ -115,9 +115,12 @@ class CIFAR10(LocalFiles):
     gives = "3x32x32 images (resized to data.image_size)"
     needs = "data.root=DIR (the folder holding cifar-10-batches-py/)"
 
-    def __init__(self, root: str = "", image_size: int = 32) -> None:
-        super().__init__(root)
+    def __init__(self, root: str = "", image_size: int = 32, **loader) -> None:
+        super().__init__(root, **loader)
         self.image_size = check_image_size(image_size)  # 32 keeps the images as they are; else bilinear resize
+
+    def pipeline_root(self, cache_dir) -> str:
+        return self.location
 
     def image_batches(self, batch_size, count, shape, num_classes, seed) -> List:
         check_image_shape(self.image_size, shape)

@@ -34,8 +34,8 @@ class IWSLT15(LocalFiles):
     needs = "data.root=DIR (holding train.en and train.vi)"
 
     def __init__(self, root: str = "", src: str = "en", tgt: str = "vi", max_vocab: int = 50000,
-                 max_len: int = 50) -> None:
-        super().__init__(root)
+                 max_len: int = 50, **loader) -> None:
+        super().__init__(root, **loader)
         self.src, self.tgt = src, tgt
         self.max_vocab, self.max_len = max_vocab, max_len
 

@@ -13,8 +13,8 @@ class Shakespeare(LocalFiles):
     gives = "a character corpus"
     needs = "data.path=FILE (a plain UTF-8 text file)"
 
-    def __init__(self, path: str = "") -> None:
-        super().__init__(path)
+    def __init__(self, path: str = "", **loader) -> None:
+        super().__init__(path, **loader)
 
     def char_corpus(self, min_chars, seed):
         text = read_text(self.location, "data.path")

@@ -72,8 +72,8 @@ class SQuAD(LocalFiles):
     gives = "SQuAD question/context examples"
     needs = "data.path=FILE (a SQuAD v1.1 JSON file, e.g. train-v1.1.json)"
 
-    def __init__(self, path: str = "") -> None:
-        super().__init__(path)
+    def __init__(self, path: str = "", **loader) -> None:
+        super().__init__(path, **loader)
         self.skipped = 0  # answers that could not be placed in their context
 
     def squad_examples(self, count, seed):

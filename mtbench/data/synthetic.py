@@ -20,7 +20,8 @@ class Synthetic(DataSource):
 
     def __init__(self, char_vocab: int = 65, src_vocab: int = 17191, tgt_vocab: int = 7709,
                  word_vocab: int = 50000, mean_sentence: float = 20.0, max_sentence: int = 50,
-                 image_size: int = 32) -> None:
+                 image_size: int = 32, **loader) -> None:
+        self.set_loader(loader)
         self.image_size = check_image_size(image_size)  # images are image_size x image_size
         self.char_vocab = char_vocab
         self.src_vocab, self.tgt_vocab = src_vocab, tgt_vocab
@@ -35,6 +36,12 @@ class Synthetic(DataSource):
              torch.randint(0, num_classes, (batch_size,), generator=gen))
             for _ in range(count)
         ]
+
+    def pipeline_root(self, cache_dir):
+        """A synthetic CIFAR-10 set in the real files' format, written to data.cache_dir once."""
+        from mtbench.data.ondisk import synthetic_cifar_root
+
+        return synthetic_cifar_root(cache_dir, seed=0)
 
     def char_corpus(self, min_chars, seed):
         rng = np.random.default_rng(seed)

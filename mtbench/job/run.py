@@ -16,6 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from mtbench.config import JobSpec, instantiate, setting
 from mtbench.data.base import DataSource
+from mtbench.data.pipeline import Pipeline, open_pipeline
 from mtbench.device import env, peak as memory
 from mtbench.device.oom import is_oom, oom_message
 from mtbench.device.power import PowerControl
@@ -33,6 +34,7 @@ from mtbench.workload.base import MAX_PREPARED_BATCHES, SetupContext, StepLoss, 
 from mtbench.workload.breakdown import breakdown_bytes, fragmentation_bytes
 
 log = logging.getLogger("mtbench")
+PRELOADED = "data.loader=preloaded: every batch is made before timing, no step waits for its data"
 
 
 
@@ -71,6 +73,8 @@ class Job:
         self.breakdown: Optional[Dict[str, Any]] = None
         self.extra: Optional[Dict[str, Any]] = None  # the workload's extra_metrics over the measured steps
         self.breakdown_reason: Optional[str] = "the job ended before its measured steps"
+        self.pipeline: Optional[Pipeline] = None  # data.loader=dataloader: where each step gets its batch
+        self.data_wait_s: Dict[int, float] = {}  # step index -> seconds it blocked on its batch (steps.csv)
 
     @property
     def target(self) -> Any:
@@ -129,6 +133,8 @@ class Job:
             batches=min(MAX_PREPARED_BATCHES, spec.warmup + spec.steps),
         )
         self.workload.setup(ctx)
+        # None for data.loader=preloaded
+        self.pipeline = open_pipeline(data, spec.batch_size, spec.seed, self.device, self.workload.TAKES_BATCHES)
         # memory.plan: fixed, or (auto) the fastest predicted or probed plan that fits the budget
         self.planner.start(self.workload, is_oom, self.runtime_bytes)
         self.parameters = self.workload.parameter_count()
@@ -161,6 +167,10 @@ class Job:
     def _timed_step(self, index: int, warmup: bool) -> float:
         assert self.workload is not None and self.sampler is not None
         self.planner.before_step(index)  # a new budget in memory.budget_file: re-plan before this step, untimed
+        if self.pipeline is not None:  # the wait for the batch stays outside the step's window, a column of its own
+            batch, self.data_wait_s[index] = self.pipeline.next_batch()
+            # the copy to the device is neither: timed_step synchronizes before its start
+            self.workload.take_batch(tuple(t.to(self.device, non_blocking=self.pipeline.pin_memory) for t in batch))
         returned: List[StepLoss] = []
         start, end = timed_step(self.device, lambda: returned.append(self.workload.step()))
         self.sampler.mark_step(index, start, end, warmup)
@@ -185,6 +195,8 @@ class Job:
         reasons = dict(telemetry.get("unavailable") or {})
         if self.breakdown is None:
             reasons["mem_breakdown_bytes"] = self.breakdown_reason
+        if self.pipeline is None:
+            reasons["data_wait_s"] = reasons["data_wait_share"] = PRELOADED
         if self.extra is not None:
             extra = self.extra
         elif self.workload is not None:  # the job ended before its breakdown step: its steps are the last ones
@@ -209,13 +221,17 @@ class Job:
                 **self.budget,
                 "parameters": self.parameters,
                 "cudnn_benchmark": self.cudnn_benchmark,
+                "data_pipeline": self.pipeline.describe() if self.pipeline is not None else {"loader": "preloaded"},
                 "power_mode": self.power.summary(),
                 "memory_plan": self.planner.summary(self.mem),
                 "sampler": {**(self.sampler.stats() if self.sampler else {}), "sensors": self.sensor_status},
                 "env": described,
                 "config": OmegaConf.to_container(self.cfg, resolve=True),
             },
-            extra=extra)
+            extra=extra,
+            data_wait_s=None if self.pipeline is None else
+            [self.data_wait_s[m.index] for m in (self.sampler.marks if self.sampler else [])
+             if not m.warmup and m.index in self.data_wait_s])
 
 
 def run_job(cfg: DictConfig, out_dir: Path, notify: Optional[Callable[[str, Any], None]] = None) -> Dict[str, Any]:
@@ -312,12 +328,21 @@ def _release(job: Job) -> None:
     except Exception:
         log.warning("closing the workload failed", exc_info=True)
     job.workload = None
+    if job.pipeline is not None:  # its worker processes end with the job, whatever ended it
+        try:
+            job.pipeline.close()
+        except Exception:
+            log.warning("ending the data loader's workers failed", exc_info=True)
     try:
         memory.release_memory(job.device)
         job.planner.release_budget()
     except Exception:
         log.warning("releasing memory after the job failed", exc_info=True)
     job.power.restore()  # whatever ended the job
+
+
+def _seconds(value: Optional[float]) -> Optional[str]:
+    return None if value is None else f"{value:.6f}"
 
 
 def _profile(job: Job, samples) -> Optional[Dict[str, Any]]:
@@ -353,6 +378,9 @@ def _write(job: Job, samples) -> None:
         header, rows = windows.step_rows(job.sampler.marks, samples, job.interval_ms)
         header, rows = header + ["plan"], [row + [job.planner.labels.get(row[0])] for row in rows]
         header, rows = _with_losses(header, rows, job.losses)
+        if job.pipeline is not None:
+            wait = job.data_wait_s.get
+            header, rows = header + ["data_wait_s"], [row + [_seconds(wait(row[0]))] for row in rows]
         results.write_steps(job.out_dir, header, rows)
         results.write_samples(job.out_dir, samples)
     results.write_summary(job.out_dir, summary)

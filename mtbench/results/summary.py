@@ -8,10 +8,11 @@ from mtbench.results.files import SCHEMA, stats
 
 # figures that are null with a reason in `unavailable`, never a silent null or a 0
 FIGURE_KEYS = ("cpu_util_pct", "process_cpu_pct", "gpu_util_pct", "power_w", "energy_j", "mem_peak_bytes",
-               "mem_system_peak_bytes", "mem_breakdown_bytes", "loss")
+               "mem_system_peak_bytes", "mem_breakdown_bytes", "loss", "data_wait_s", "data_wait_share")
 # keys every job's summary holds beside the required ones (null where the job did not get that far)
 JOB_KEYS = ("mem_peak_source", "mem_baseline_bytes", "mem_runtime_bytes", "mem_fragmentation_bytes", "target", "budget_bytes",
-            "budget_enforced_by", "parameters", "cudnn_benchmark", "memory_plan", "sampler", "env", "config")
+            "budget_enforced_by", "parameters", "cudnn_benchmark", "data_pipeline", "power_mode", "memory_plan",
+            "sampler", "env", "config")
 
 
 def build_summary(*, model: Optional[str], batch_size: Optional[int], device: str, data: str,
@@ -19,12 +20,14 @@ def build_summary(*, model: Optional[str], batch_size: Optional[int], device: st
                   figures: Mapping[str, Any], reasons: Mapping[str, str], null_reason: str,
                   units_per_sample: Optional[Mapping[str, float]] = None, job: Optional[Mapping[str, Any]] = None,
                   extra: Optional[Mapping[str, Any]] = None,
-                  losses: Optional[Sequence[Mapping[str, float]]] = None) -> Dict[str, Any]:
+                  losses: Optional[Sequence[Mapping[str, float]]] = None,
+                  data_wait_s: Optional[Sequence[float]] = None) -> Dict[str, Any]:
     """A job's summary. `figures`: the values of FIGURE_KEYS it has (the others are null); `reasons`: why a figure
     is null, where known ({key or key.field: reason}); `null_reason`: the reason of every other null figure;
     `job`: the JOB_KEYS it has and any other key of the job (the budget's); `extra` is added last (the workload's
     own metrics); `losses`: what each measured step's `step()` returned, by name (None or empty: `null_reason`
-    says why there is no loss)."""
+    says why there is no loss); `data_wait_s`: the seconds each measured step blocked on its batch
+    (data.loader=dataloader; the job gives the reason where batches were made before timing)."""
     measured = len(durations_s)
     total_s = float(sum(durations_s))
     throughput = batch_size * measured / total_s if batch_size and total_s > 0 else None
@@ -43,7 +46,11 @@ def build_summary(*, model: Optional[str], batch_size: Optional[int], device: st
         "throughput_units_per_s": {k: v * throughput for k, v in (units_per_sample or {}).items()} if throughput
         else {},
     }
-    figures = {**figures, **_loss_figures(losses)}
+    waits = list(data_wait_s or [])
+    # the share of the training loop's time spent waiting for data: waits / (waits + step times)
+    loop_s = sum(waits) + total_s
+    figures = {**figures, **_loss_figures(losses), "data_wait_s": stats(waits),
+               "data_wait_share": sum(waits) / loop_s if waits and loop_s > 0 else None}
     summary.update({k: figures.get(k) for k in FIGURE_KEYS})
     if "losses" in figures:
         summary["losses"] = figures["losses"]

@@ -42,6 +42,7 @@ class Workload(abc.ABC):
 
     memory_plan: plans.MemoryPlan = plans.NONE  # how the next step runs (recompute, micro-batches)
     MICROBATCH = False  # True: `step` computes its gradients through `planned_backward`
+    TAKES_BATCHES = False  # True: `take_batch` trains the next step on a batch from data.loader=dataloader
 
     @abc.abstractmethod
     def setup(self, ctx: SetupContext) -> None:
@@ -59,6 +60,10 @@ class Workload(abc.ABC):
     @abc.abstractmethod
     def modules(self) -> List[torch.nn.Module]:
         """The trained networks (for parameter counts)."""
+
+    def take_batch(self, batch: Any) -> None:
+        """Train the next step on `batch` (on the device already), from data.loader=dataloader's pipeline."""
+        raise NotImplementedError(f"{type(self).__name__} trains only on the batches it prepares")
 
     def blocks(self) -> Optional[List[torch.nn.Module]]:
         """The trained network as a sequence of blocks (x -> b_n(...b_1(x))) for recomputation; None: not segmented."""
