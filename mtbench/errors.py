@@ -19,12 +19,13 @@ def describe_error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"
 
 
-def print_error(exc: BaseException, prog: str = "mtbench") -> int:
-    """The one error printer: `<prog>: error: <message>` as one line on stderr; returns the exit status, 2."""
+def print_error(exc: typing.Union[BaseException, str], prog: str = "mtbench") -> int:
+    """The one error printer: `<prog>: error: <message>` (an exception's, or a message) as one line on stderr, flushed
+    at once; returns the exit status, 2."""
     import sys
 
     text = " ".join(line.strip() for line in str(exc).splitlines() if line.strip()) or type(exc).__name__  # one line, however the message was written
-    print(f"{prog}: error: {text}", file=sys.stderr)
+    print(f"{prog}: error: {text}", file=sys.stderr, flush=True)
     return 2
 
 

@@ -15,6 +15,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 from mtbench.config import override_values
+from mtbench.errors import print_error
 
 
 def sweep_size(overrides: List[str]) -> Optional[int]:
@@ -73,8 +74,7 @@ class SweepProgress(Callback):
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         problem = sweep_problem(config)
         if problem:  # before any job runs, as for every other bad value
-            print(f"mtbench: error: {problem}", file=sys.stderr)
-            sys.exit(2)
+            sys.exit(print_error(problem))
         try:
             # the sweeper's own params (an experiment file's sweep) count too; the command line wins over them
             params = config.hydra.sweeper.get("params") or {}

@@ -9,7 +9,6 @@ import os
 import re
 import signal
 import stat
-import sys
 import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
@@ -19,8 +18,9 @@ from omegaconf import DictConfig, OmegaConf
 from mtbench.config import JobSpec
 from mtbench.device import env, power
 from mtbench.device.oom import is_oom_text
-from mtbench.errors import UsageError, describe_error
+from mtbench.errors import UsageError, describe_error, print_error
 from mtbench.job import signals
+from mtbench.job.messages import Message
 from mtbench.job.run import run_job
 from mtbench.results import files as results
 from mtbench.results.reader import UnreadableSummary, read_summary
@@ -85,19 +85,19 @@ def run_isolated(cfg: DictConfig, out_dir: Path, timing: Optional[Dict[str, floa
     restore_power(out_dir)
     receiver.close()
     if timing is not None:
-        timing.update(wall_s=time.monotonic() - wall_start, child_s=messages.get("child_seconds", math.nan))
-    if "usage" in messages:
-        raise UsageError(messages["usage"])
-    summary = messages.get("summary")
+        timing.update(wall_s=time.monotonic() - wall_start, child_s=messages.get(Message.CHILD_SECONDS, math.nan))
+    if Message.USAGE in messages:
+        raise UsageError(messages[Message.USAGE])
+    summary = messages.get(Message.SUMMARY)
     if summary is None:
         if isinstance(interrupted, signals.Terminated):
-            messages["terminated"] = interrupted.signum
+            messages[Message.TERMINATED] = interrupted.signum
         elif interrupted is not None:
-            messages["interrupted"] = True
+            messages[Message.INTERRUPTED] = True
         summary = _summary_of_dead_job(cfg, out_dir, child.exitcode, messages, oom_before.since(child.pid))
     if interrupted is not None:
         raise interrupted
-    if messages.get("interrupted"):
+    if messages.get(Message.INTERRUPTED):
         raise KeyboardInterrupt
     return summary
 
@@ -139,24 +139,24 @@ def _child_main(cfg: DictConfig, out_dir: Path, sender, parent_pid: int) -> None
     started = time.monotonic()
     try:
         summary = run_job(cfg, out_dir, notify=lambda kind, payload: sender.send((kind, payload)))
-        sender.send(("summary", summary))
+        sender.send((Message.SUMMARY, summary))
     except UsageError as exc:
-        sender.send(("usage", str(exc)))
+        sender.send((Message.USAGE, str(exc)))
     except KeyboardInterrupt as exc:
         _ignore_stop_signals()  # its summary is on the way; more Ctrl-C or SIGTERM change nothing
         if isinstance(exc, signals.Terminated):
-            sender.send(("terminated", exc.signum))
+            sender.send((Message.TERMINATED, exc.signum))
         else:
-            sender.send(("interrupted", True))
+            sender.send((Message.INTERRUPTED, True))
         try:
-            sender.send(("summary", read_summary(out_dir)))
+            sender.send((Message.SUMMARY, read_summary(out_dir)))
         except UnreadableSummary:
             pass
     except BaseException as exc:  # an error outside the job's own try (e.g. CUDA fails to start): a result too
-        sender.send(("crashed", describe_error(exc)))
+        sender.send((Message.CRASHED, describe_error(exc)))
         log.debug("job process failed", exc_info=True)
     finally:
-        sender.send(("child_seconds", time.monotonic() - started))
+        sender.send((Message.CHILD_SECONDS, time.monotonic() - started))
         sender.close()
 
 
@@ -315,22 +315,22 @@ def _read_oom_kill(path: str) -> Optional[int]:
 def _summary_of_dead_job(cfg: DictConfig, out_dir: Path, exitcode: Optional[int], messages: Dict[str, Any],
                          oom_kills: Dict[str, Any]) -> Dict[str, Any]:
     """The summary of a job whose process ended without sending one, written by the parent."""
-    if "interrupted" in messages:  # Ctrl-C before the job had anything to write
+    if Message.INTERRUPTED in messages:  # Ctrl-C before the job had anything to write
         failure = signals.failure_of(KeyboardInterrupt())
-    elif "terminated" in messages:  # SIGTERM or SIGHUP before the job had anything to write
-        failure = signals.failure_of(signals.Terminated(messages["terminated"]))
-    elif "crashed" in messages:
-        failure = {"kind": "oom" if is_oom_text(messages["crashed"]) else "error",
-                   "message": messages["crashed"]}
+    elif Message.TERMINATED in messages:  # SIGTERM or SIGHUP before the job had anything to write
+        failure = signals.failure_of(signals.Terminated(messages[Message.TERMINATED]))
+    elif Message.CRASHED in messages:
+        failure = {"kind": "oom" if is_oom_text(messages[Message.CRASHED]) else "error",
+                   "message": messages[Message.CRASHED]}
     elif exitcode is not None and exitcode < 0:
         failure = killed_failure(exitcode, oom_kills)
     else:
         failure = {"kind": "error", "message": f"the job's process exited with code {exitcode} before writing its results"}
     spec = JobSpec.from_cfg(cfg)
-    started = messages.get("started") or {}
+    started = messages.get(Message.STARTED) or {}
     summary = build_summary(
         model=spec.model, batch_size=spec.batch_size, device=started.get("device", spec.device),
-        data=messages.get("data", "unknown"), failure=failure, warmup_steps=spec.warmup, durations_s=[],
+        data=messages.get(Message.DATA, "unknown"), failure=failure, warmup_steps=spec.warmup, durations_s=[],
         figures={}, reasons={}, null_reason=DIED,
         job={
             "target": cfg.get("target", {}).get("name", "none"),
@@ -343,7 +343,7 @@ def _summary_of_dead_job(cfg: DictConfig, out_dir: Path, exitcode: Optional[int]
         results.write_summary(out_dir, summary)
     except OSError as exc:
         summary["write_error"] = f"{type(exc).__name__}: {exc}"
-        print(f"mtbench: error: the results of this job could not be written to {out_dir}: {exc}", file=sys.stderr)
+        print_error(f"the results of this job could not be written to {out_dir}: {exc}")
     return summary
 
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import sys
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
 
@@ -22,9 +21,10 @@ from mtbench.device.oom import is_oom, oom_message
 from mtbench.device.power import PowerControl
 from mtbench.device.select import resolve_device
 from mtbench.device.timing import timed_step
-from mtbench.errors import UsageError, describe_error
+from mtbench.errors import UsageError, describe_error, print_error
 from mtbench.job import signals
 from mtbench.job.lock import DeviceLock
+from mtbench.job.messages import Message
 from mtbench.planning.planner import Planner
 from mtbench.results import files as results
 from mtbench.results.summary import build_summary
@@ -123,7 +123,7 @@ class Job:
         self.planner.hold_budget()  # caps the CUDA allocator, or sets how the CPU peak is held and checked
         data: DataSource = instantiate(self.cfg.data, "data")
         self.data_label = data.label
-        self.notify("data", self.data_label)
+        self.notify(Message.DATA, self.data_label)
         self.workload = instantiate(self.cfg.model.workload, "model.workload")
         ctx = SetupContext(
             device=self.device,
@@ -260,7 +260,7 @@ def run_job(cfg: DictConfig, out_dir: Path, notify: Optional[Callable[[str, Any]
 
 
 def _run_locked(job: Job) -> Dict[str, Any]:
-    job.notify("started", {"device": str(job.device),
+    job.notify(Message.STARTED, {"device": str(job.device),
                            "env": env.describe(job.device, root=str(job.cfg.sampler.get("sysfs_root", "/")))})
     job.open_sampler()
     memory.release_memory(job.device)
@@ -285,7 +285,7 @@ def _run_locked(job: Job) -> Dict[str, Any]:
             samples = _stop_sampler(job)
             if not user_error:
                 _write_or_say(job, samples)
-                job.notify("summary", job.last_summary)  # before cleanup: a crash there must not lose it
+                job.notify(Message.SUMMARY, job.last_summary)  # before cleanup: a crash there must not lose it
             _release(job)
     return job.last_summary
 
@@ -315,8 +315,7 @@ def _write_or_say(job: Job, samples) -> None:
     except Exception as exc:
         job.last_summary = job.last_summary or job.summary(samples)
         job.last_summary["write_error"] = f"{type(exc).__name__}: {exc}"
-        print(f"mtbench: error: the results of this job could not be written to {job.out_dir}: "
-              f"{type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+        print_error(f"the results of this job could not be written to {job.out_dir}: {type(exc).__name__}: {exc}")
 
 
 def _release(job: Job) -> None:
