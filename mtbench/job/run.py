@@ -26,7 +26,7 @@ from mtbench.job import signals
 from mtbench.job.lock import DeviceLock
 from mtbench.job.messages import Message
 from mtbench.planning.planner import Planner
-from mtbench.results import files as results
+from mtbench.results import files as results, step_columns
 from mtbench.results.summary import build_summary
 from mtbench.sampling import Sampler, SensorUnavailable, open_sensors, windows
 from mtbench.sampling.process import ProcessSampler, SamplerError
@@ -340,10 +340,6 @@ def _release(job: Job) -> None:
     job.power.restore()  # whatever ended the job
 
 
-def _seconds(value: Optional[float]) -> Optional[str]:
-    return None if value is None else f"{value:.6f}"
-
-
 def _profile(job: Job, samples) -> Optional[Dict[str, Any]]:
     """Join the profiled steps' ops and layers with the telemetry; None when nothing was profiled."""
     if job.profiler is None or samples is None or job.sampler is None or job.failure is not None:
@@ -376,26 +372,11 @@ def _write(job: Job, samples) -> None:
     if samples is not None and job.sampler is not None:
         header, rows = windows.step_rows(job.sampler.marks, samples, job.interval_ms)
         header, rows = header + ["plan"], [row + [job.planner.labels.get(row[0])] for row in rows]
-        header, rows = _with_losses(header, rows, job.losses)
+        header, rows = step_columns.with_losses(header, rows, job.losses)
         if job.pipeline is not None:
             wait = job.data_wait_s.get
-            header, rows = header + ["data_wait_s"], [row + [_seconds(wait(row[0]))] for row in rows]
+            header, rows = header + ["data_wait_s"], [row + [step_columns.seconds(wait(row[0]))] for row in rows]
         results.write_steps(job.out_dir, header, rows)
         results.write_samples(job.out_dir, samples)
     results.write_summary(job.out_dir, summary)
     job.last_summary = summary
-
-
-def _with_losses(header: List[str], rows: List[list], losses: Dict[int, Dict[str, float]]):
-    """steps.csv's loss columns: `loss` (the headline, a workload's first loss) and, for a workload with named
-    losses, one column per name (DCGAN: loss_d, loss_g); empty where a step returned none."""
-    names: List[str] = []
-    for step in losses.values():
-        names += [n for n in step if n not in names]
-    named = [n for n in names if n != "loss"]
-    out = []
-    for row in rows:
-        values = losses.get(row[0], {})
-        headline = next(iter(values.values()), None)
-        out.append(row + [headline] + [values.get(n) for n in named])
-    return header + ["loss"] + named, out
