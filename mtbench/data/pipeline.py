@@ -95,10 +95,13 @@ class Pipeline:
         if self.iterator is None:
             self._new_epoch()
         try:
-            batch = next(self.iterator)
-        except StopIteration:
-            self._new_epoch()
-            batch = next(self.iterator)
+            try:
+                batch = next(self.iterator)
+            except StopIteration:
+                self._new_epoch()
+                batch = next(self.iterator)
+        except (ConnectionError, EOFError) as exc:  # a worker killed while it sent a batch: torch's own error or this
+            raise RuntimeError(f"DataLoader worker ended while sending a batch ({type(exc).__name__}: {exc})") from None
         return batch, time.monotonic() - start
 
     def describe(self) -> dict:
