@@ -76,8 +76,14 @@ def search(fits_at: Callable[[int], Probe], start: int = 1, limit: int = 4096, t
             result.limit_reached = True
             break
         batch = min(2 * batch, limit)
-    lo, hi = result.max_batch, result.first_failing_batch
-    while result.error is None and lo >= 1 and hi is not None and hi - lo > max(1, tolerance * lo):
+    return _bisect(result, probe, result.max_batch or None, result.first_failing_batch, tolerance, began)
+
+
+def _bisect(result: Search, probe: Callable[[int], Optional[bool]], lo: Optional[int], hi: Optional[int],
+            tolerance: float, began: float) -> Search:
+    """Bisect between a batch that fits (`lo`) and one that does not (`hi`) until they are within `tolerance`:
+    the last step of both searches."""
+    while result.error is None and lo is not None and hi is not None and hi - lo > max(1, tolerance * lo):
         mid = (lo + hi) // 2
         ok = probe(mid)
         if ok is None:
@@ -143,17 +149,7 @@ def search_guided(fits_at: Callable[[int], Probe], predicted: int, limit: int = 
                 hi, k = nxt, k + 1
     result.max_batch = lo or 0
     result.first_failing_batch = hi
-    while result.error is None and lo is not None and hi is not None and hi - lo > max(1, tolerance * lo):
-        mid = (lo + hi) // 2
-        ok = probe(mid)
-        if ok is None:
-            break
-        if ok:
-            lo = result.max_batch = mid
-        else:
-            hi = result.first_failing_batch = mid
-    result.seconds = time.monotonic() - began
-    return result
+    return _bisect(result, probe, lo, hi, tolerance, began)
 
 
 def _probe_from_summary(batch: int, summary: Optional[Dict[str, Any]], seconds: float, why_missing: str) -> Probe:
