@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from mtbench.errors import UsageError
+from mtbench.regular_files import read_regular
 
 CLAIM = ".mtbench-claim"  # JSON: pid, host and start time of the run that writes into the folder
 DIR_KEYS = ("hydra.run.dir", "hydra.sweep.dir")
@@ -65,14 +66,11 @@ def _write_claim(folder: Path) -> None:
 
 
 def _claim_of(folder: Path) -> Optional[Dict[str, Any]]:
-    try:
-        fd = os.open(folder / CLAIM, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
+    if not os.path.lexists(folder / CLAIM):
         return None
     try:
-        with os.fdopen(fd, "rb") as f:
-            record = json.loads(f.read(4096).decode("utf-8"))
-    except (OSError, ValueError):
+        record = json.loads(read_regular(str(folder / CLAIM), 4096).decode("utf-8"))
+    except (OSError, ValueError):  # RefusedFile too: a link or FIFO planted as the claim
         return {"pid": None, "host": None, "started": None}  # a claim we cannot read is still a claim
     return record if isinstance(record, dict) else {"pid": None, "host": None, "started": None}
 

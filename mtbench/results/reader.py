@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 import math
 import os
-import stat
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 from mtbench.errors import UsageError
+from mtbench.regular_files import RefusedFile, open_regular
 
 SCHEMA_PREFIX = "mtbench.summary/"
 MAX_SUMMARY_BYTES = 64 * 2**20  # a real summary is a few tens of KiB; a profile's, a few hundred
@@ -61,34 +61,20 @@ def read_summary_file(path: Path, require_schema: bool = True) -> Dict[str, Any]
 
 def _read_text(path: Path) -> str:
     try:
-        # O_NONBLOCK: opening a FIFO with no writer returns at once instead of waiting for one
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        f = open_regular(str(path))  # never a link or a FIFO: a planted name neither redirects nor blocks the read
     except FileNotFoundError:
         raise UnreadableSummary(path, MISSING) from None
-    except OSError as exc:
-        reason = "a symbolic link (not followed)" if os.path.islink(path) else (exc.strerror or str(exc))
+    except RefusedFile as exc:
+        reason = ("a symbolic link (not followed)" if os.path.islink(path) else
+                  "not a regular file" if "not a regular file" in str(exc) else str(exc))
         raise UnreadableSummary(path, reason) from None
     try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise UnreadableSummary(path, "not a regular file")
-        if info.st_size > MAX_SUMMARY_BYTES:
-            raise UnreadableSummary(path, f"{info.st_size} bytes, over the limit of {MAX_SUMMARY_BYTES}")
-        chunks: List[bytes] = []
-        size = 0
-        while True:
-            chunk = os.read(fd, 1 << 20)
-            if not chunk:
-                break
-            size += len(chunk)
-            if size > MAX_SUMMARY_BYTES:
-                raise UnreadableSummary(path, f"over the limit of {MAX_SUMMARY_BYTES} bytes")
-            chunks.append(chunk)
+        with f:
+            data = f.read(MAX_SUMMARY_BYTES + 1)
     except OSError as exc:
         raise UnreadableSummary(path, exc.strerror or str(exc)) from None
-    finally:
-        os.close(fd)
-    data = b"".join(chunks)
+    if len(data) > MAX_SUMMARY_BYTES:
+        raise UnreadableSummary(path, f"over the limit of {MAX_SUMMARY_BYTES} bytes")
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
