@@ -118,3 +118,47 @@ def test_a_memory_plan_is_searched_beside_plain_training(tmp_path, capsys):
     assert doc["budget_bytes"] == 2**30 and set(seen) == set(capacity)
     out = capsys.readouterr().out
     assert "auto" in out and "x none" in out
+
+
+def test_search_guided_starts_at_the_prediction_and_confirms_it_in_few_probes(tmp_path, monkeypatch, capsys):
+    seen = []
+
+    def prober(overrides, batch, out_dir: Path) -> Probe:
+        seen.append(batch)
+        return fake_board(40)(batch)
+
+    asked = []
+
+    def predicted(model, target, overrides, anchor):
+        asked.append((model, target, tuple(overrides)))
+        return 39, ""
+
+    monkeypatch.setattr(maxbatch, "predicted_max_batch", predicted)
+    code = maxbatch.main(["model=alexnet", "target=nano", "device=cpu", "--search", "guided", "--out", str(tmp_path)],
+                         prober=prober)
+    assert code == 0 and seen[0] == 39 and len(seen) <= 3
+    assert asked == [("alexnet", "nano", ("target=nano", "device=cpu", "memory.plan=none"))]
+    doc = json.loads((tmp_path / "maxbatch.json").read_text())
+    assert doc["search"] == "guided" and 38 <= doc["models"][0]["max_batch"] <= 40
+    assert "predicted max batch: 39" in capsys.readouterr().out
+
+
+def test_search_guided_without_a_prediction_runs_the_full_search(tmp_path, monkeypatch, capsys):
+    seen = []
+
+    def prober(overrides, batch, out_dir: Path) -> Probe:
+        seen.append(batch)
+        return fake_board(40)(batch)
+
+    monkeypatch.setattr(maxbatch, "predicted_max_batch", lambda *a: (None, "no prediction (a reason)"))
+    code = maxbatch.main(["model=alexnet", "target=nano", "--search", "guided", "--out", str(tmp_path)],
+                         prober=prober)
+    assert code == 0 and seen[:3] == [2, 4, 8]  # the doubling of the full search
+    assert "predicted max batch: no prediction (a reason)" in capsys.readouterr().out
+
+
+def test_search_must_be_full_or_guided(tmp_path, capsys):
+    code = maxbatch.main(["model=alexnet", "target=nano", "--search", "fast", "--out", str(tmp_path)],
+                         prober=lambda *a: pytest.fail("probed"))
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "fast" in err[0] and "guided" in err[0]

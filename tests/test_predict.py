@@ -200,3 +200,22 @@ def test_an_uncalibrated_cuda_prediction_counts_the_cublas_workspace(monkeypatch
     monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
     size, note = mod.cuda_non_tensor_bytes()
     assert size >= 8 * 2**20 and "cuBLAS's workspace" in note and "cuDNN" in note
+
+
+def test_calibrate_profile_switch_reaches_the_fit(tmp_path, monkeypatch, capsys):
+    from mtbench.commands.predict import main_calibrate
+    from mtbench.predict import fit
+
+    got = {}
+
+    def fake_calibrate(folder, **kwargs):
+        got.update(kwargs, folder=folder)
+        return calibration.Calibration("none-cpu", "none", "cpu", "test cpu", str(folder), 1, "now"), tmp_path / "cal.json", []
+
+    monkeypatch.setattr(fit, "calibrate", fake_calibrate)
+    assert main_calibrate([str(tmp_path), "profile=true", "model.workload.hidden=16"]) == 0
+    assert got["profile"] is True and got["overrides"] == ("model.workload.hidden=16",)
+    assert main_calibrate([str(tmp_path)]) == 0 and got["profile"] is False
+    assert main_calibrate([str(tmp_path), "profile=maybe"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["mtbench: error: profile='maybe' is not known; allowed: true, false"]

@@ -10,7 +10,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from mtbench.errors import UsageError
 from mtbench.results.reader import UnreadableSummary, checked, read_summary
@@ -219,6 +219,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--limit", type=int, default=4096, help="largest batch probed (default 4096)")
     parser.add_argument("--tolerance", type=float, default=0.05,
                         help="stop bisecting when the gap is within this fraction of the largest fit (default 0.05)")
+    parser.add_argument("--search", default="full", choices=("full", "guided"),
+                        help="full: doubling, then bisection; guided: start at the predictor's max batch and confirm it "
+                             "with probes (2-3 probes when the prediction is right; the full answer when it is not)")
     parser.add_argument("--out", default=None, help="folder for maxbatch.json and the probes' job folders "
                                                     "(default maxbatch/<date>/<time>)")
     parser.add_argument("overrides", nargs="*", help="key=value, as for a job (model=..., target=..., device=...)")
@@ -289,12 +292,34 @@ def run(args: argparse.Namespace, prober: Optional[Callable[[List[str], int, Pat
                       flush=True)
                 return p
 
-            results.append(search(fits_at, args.start, args.limit, args.tolerance, model=model))
+            if args.search == "guided":
+                predicted, why = predicted_max_batch(model, target, fixed + [f"memory.plan={plan}"], args.start)
+                print(f"    predicted max batch: {predicted if predicted else why}", flush=True)
+                results.append(search_guided(fits_at, predicted or args.start, args.limit, args.tolerance, model=model)
+                               if predicted else search(fits_at, args.start, args.limit, args.tolerance, model=model))
+            else:
+                results.append(search(fits_at, args.start, args.limit, args.tolerance, model=model))
             results[-1].plan = plan
     write(out, results, fixed, target, args)
     print_table(results, target)
     print(f"results in {out / 'maxbatch.json'}")
     return 1 if any(r.error for r in results) else 0
+
+
+def predicted_max_batch(model: str, target: str, overrides: List[str], anchor: int) -> Tuple[Optional[int], str]:
+    """The predictor's max batch for `model` under the probes' overrides, or (None, why) where it has none: the
+    guided search then falls back to the full one."""
+    from mtbench.predict.predictor import Predictor
+
+    device = next((o.split("=", 1)[1] for o in reversed(overrides) if o.startswith("device=")), "auto")
+    rest = [o for o in overrides if not o.startswith(("target=", "device="))]
+    try:
+        predictor = Predictor(target_name=target, device=device, overrides=tuple(rest))
+        return predictor.max_batch(model, anchor)
+    except UsageError:
+        raise
+    except Exception as exc:  # the model cannot be traced: the full search needs no prediction
+        return None, f"no prediction ({type(exc).__name__}: {exc}); the full search runs instead"
 
 
 def write(out: Path, results: List[Search], fixed: List[str], target: str, args: argparse.Namespace) -> None:
@@ -304,7 +329,7 @@ def write(out: Path, results: List[Search], fixed: List[str], target: str, args:
         "target": target,
         "budget_bytes": _budget_bytes(target, fixed),
         "overrides": fixed,
-        "start": args.start, "limit": args.limit, "tolerance": args.tolerance,
+        "start": args.start, "limit": args.limit, "tolerance": args.tolerance, "search": args.search,
         "models": [asdict(r) for r in results],
     }
     tmp = out / "maxbatch.json.tmp"

@@ -12,9 +12,10 @@ from mtbench.errors import UsageError
 
 PREDICT_USAGE = ("mtbench predict model=NAME batch=N [target=T] [device=cpu|cuda|auto] [max_batch=true|false] "
                  "[calibration=FILE] [out=DIR] [other overrides]   (-m: comma lists of models and batches)")
-CALIBRATE_USAGE = ("mtbench calibrate DIR [target=T] [out=FILE] [time_stat=median|min] "
+CALIBRATE_USAGE = ("mtbench calibrate DIR [target=T] [out=FILE] [time_stat=median|min] [profile=true|false] "
                    "[overrides the sweep ran with, e.g. model.workload.seq_len=128]")
 _OWN_KEYS = ("model", "batch", "target", "device", "max_batch", "calibration", "out", "time_stat")
+CALIBRATE_KEYS = ("target", "out", "time_stat", "profile")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -24,14 +25,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"{', '.join(k + '=' for k in _OWN_KEYS)} and overrides of the config")
 
 
-def split_settings(items: List[str], usage: str) -> Tuple[Dict[str, str], List[str], List[str]]:
+def split_settings(items: List[str], usage: str,
+                   keys: Tuple[str, ...] = _OWN_KEYS) -> Tuple[Dict[str, str], List[str], List[str]]:
     """(our key=value settings, other overrides for the config, arguments that are not key=value)."""
     own, rest, positional = {}, [], []
     for arg in items:
         key, sep, value = arg.partition("=")
         if not sep:
             positional.append(arg)
-        elif key in _OWN_KEYS:
+        elif key in keys:
             own[key] = value
         else:
             rest.append(arg)
