@@ -143,6 +143,27 @@ def test_tx2_cpu_util_grouped_by_core_type(tmp_path):
     assert got == {"cortex-a57": {"mean": 60.0, "cpus": [0, 3, 4, 5]}, "denver2": {"mean": 15.0, "cpus": [1, 2]}}
 
 
+def test_tx2_steps_csv_columns_per_core_type(tmp_path):
+    """Issue 27 item 15: steps.csv has each step's busy % per core type beside the whole CPU's."""
+    from mtbench.sampling.sampler import Samples, StepMark
+    from mtbench.sampling.sensor import COUNTER, Field
+    from mtbench.sampling.windows import step_rows
+    make_jetson(tmp_path, "NVIDIA Jetson TX2", TX2_RELEASE, [A57, DENVER2, DENVER2, A57, A57, A57],
+                "17000000.gp10b", 2035200)
+    cores = env.jetson(str(tmp_path))["cpu_cores"]
+    fields = [Field(f"cpu{c}_{kind}_ticks", COUNTER, f"cpu_{kind}", str(c)) for c in range(6)
+              for kind in ("busy", "total")]
+    # second 0-1: the A57s 60 % busy, the Denvers idle; second 1-2: the Denvers 80 %, the A57s 20 %
+    busy = {0.0: [0] * 6, 1.0: [60, 0, 0, 60, 60, 60], 2.0: [80, 80, 80, 80, 80, 80]}
+    rows = [[v for c in range(6) for v in (busy[t][c], 100 * t)] for t in (0.0, 1.0, 2.0)]
+    samples = Samples(fields, [0.0, 1.0, 2.0], rows)
+    marks = [StepMark(0, 0.0, 1.0, False), StepMark(1, 1.0, 2.0, False)]
+    header, out = step_rows(marks, samples, 1000.0, cores)
+    a57, denver = header.index("cpu_util_pct_cortex-a57"), header.index("cpu_util_pct_denver2")
+    assert [(r[a57], r[denver]) for r in out] == [(60.0, 0.0), (20.0, 80.0)]
+    assert "cpu_util_pct_denver2" not in step_rows(marks, samples, 1000.0)[0]  # no types: no columns
+
+
 def test_a_jobs_summary_groups_cpu_by_core_type_on_a_tx2_tree(tmp_path, run):
     """summary.json `cpu_util_pct.by_core_type`: the job's own procfs ticks, grouped by the board's core types."""
     make_jetson(tmp_path, "NVIDIA Jetson TX2", TX2_RELEASE, [A57, DENVER2, DENVER2, A57, A57, A57],
@@ -154,3 +175,5 @@ def test_a_jobs_summary_groups_cpu_by_core_type_on_a_tx2_tree(tmp_path, run):
     assert set(groups) <= {"cortex-a57", "denver2"} and groups, groups
     assert {str(c) for g in groups.values() for c in g["cpus"]} <= here
     assert all(g["mean"] is None or 0 <= g["mean"] <= 100 for g in groups.values())
+    header = (tmp_path / "job" / "steps.csv").read_text().splitlines()[0].split(",")
+    assert {f"cpu_util_pct_{t}" for t in groups} <= set(header)

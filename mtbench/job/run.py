@@ -75,6 +75,7 @@ class Job:
         self.breakdown_reason: Optional[str] = "the job ended before its measured steps"
         self.pipeline: Optional[Pipeline] = None  # data.loader=dataloader: where each step gets its batch
         self.data_wait_s: Dict[int, float] = {}  # step index -> seconds it blocked on its batch (steps.csv)
+        self.core_types: Optional[List[Dict[str, Any]]] = None  # a Jetson's cores and their types (env.jetson)
 
     @property
     def target(self) -> Any:
@@ -186,6 +187,7 @@ class Job:
         telemetry = windows.summarize(samples, self.sampler.marks, self.interval_ms) if samples is not None else {}
         described = env.describe(self.device, root=str(self.cfg.sampler.get("sysfs_root", "/")))
         cores = (described.get("jetson") or {}).get("cpu_cores") if isinstance(described.get("jetson"), dict) else None
+        self.core_types = cores  # steps.csv groups each step's CPU figures by them too
         if isinstance(telemetry.get("cpu_util_pct"), dict) and cores:
             # a TX2's 2 Denver2 and 4 Cortex-A57 cores, which the paper reports apart: tick-exact per type
             spans = [(m.start_s, m.end_s) for m in self.sampler.marks if not m.warmup]
@@ -370,7 +372,7 @@ def _write(job: Job, samples) -> None:
             summary["profile"] = {"error": f"{type(exc).__name__}: {exc}"}
             log.warning("profile attribution failed", exc_info=True)
     if samples is not None and job.sampler is not None:
-        header, rows = windows.step_rows(job.sampler.marks, samples, job.interval_ms)
+        header, rows = windows.step_rows(job.sampler.marks, samples, job.interval_ms, job.core_types)
         header, rows = header + ["plan"], [row + [job.planner.labels.get(row[0])] for row in rows]
         header, rows = step_columns.with_losses(header, rows, job.losses)
         if job.pipeline is not None:

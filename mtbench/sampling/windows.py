@@ -332,11 +332,15 @@ def summarize(samples: Samples, marks: Sequence[StepMark], interval_ms: float) -
     return out
 
 
-def step_rows(marks: Sequence[StepMark], samples: Samples, interval_ms: float) -> Tuple[List[str], List[list]]:
-    """steps.csv: one row per step with its duration, CPU / GPU figures and energy per rail."""
+def step_rows(marks: Sequence[StepMark], samples: Samples, interval_ms: float,
+              cores: Optional[Sequence[Dict[str, Any]]] = None) -> Tuple[List[str], List[list]]:
+    """steps.csv: one row per step with its duration, CPU / GPU figures and energy per rail; with `cores` (env's
+    `jetson.cpu_cores`, each core's type) also the busy % per core type (`cpu_util_pct_denver2`, ...)."""
     rails = Rails(samples, interval_ms)
+    whole = cpu_util_by_core_type(samples, [(m.start_s, m.end_s) for m in marks], cores) if cores and marks else None
+    types = sorted(whole) if whole else []
     header = ["index", "start_s", "end_s", "duration_s", "warmup", "cpu_util_pct", "process_cpu_pct",
-              "gpu_util_pct"] + [f"energy_j_{r}" for r in rails.names] + \
+              "gpu_util_pct"] + [f"cpu_util_pct_{t}" for t in types] + [f"energy_j_{r}" for r in rails.names] + \
         (["energy_j_total", "energy_j_null_reason"] if rails.names else [])
     rows = []
     for m in marks:
@@ -344,9 +348,11 @@ def step_rows(marks: Sequence[StepMark], samples: Samples, interval_ms: float) -
         cpu = cpu_utilization(samples, span)
         gpu = gpu_utilization(samples, span, interval_ms)
         energies = [rails.energy_j(r, m.start_s, m.end_s) for r in rails.names]
+        by_type = (cpu_util_by_core_type(samples, span, cores) or {}) if types and cores else {}
         row = [m.index, f"{m.start_s:.6f}", f"{m.end_s:.6f}", f"{m.end_s - m.start_s:.6f}", int(m.warmup),
                _round(cpu and cpu["mean"]), _round(process_cpu_pct(samples, span)),
-               _round(gpu and gpu["mean"])] + [_round(e, 6) for e in energies]
+               _round(gpu and gpu["mean"])] + [_round((by_type.get(t) or {}).get("mean")) for t in types] + \
+            [_round(e, 6) for e in energies]
         if rails.names:
             total = _sum([e for r, e in zip(rails.names, energies) if r in rails.total])
             row += [_round(total, 6), "" if total is not None else _step_null_reason(rails, energies, m)]
