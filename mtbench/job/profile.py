@@ -21,6 +21,7 @@ import numpy as np
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
+from mtbench.job import kernel_ops
 from mtbench.results.files import atomic_write, csv_text
 from mtbench.sampling import Samples
 from mtbench.sampling.attribution import Interval, attribute
@@ -29,7 +30,6 @@ from mtbench.sampling.windows import cpu_utilization
 
 SYNC = "mtbench::clock_sync"
 HOST_CATS = ("cpu_op", "user_annotation")
-DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 BACKWARD_PREFIX = "autograd::engine::evaluate_function: "
 
 
@@ -111,21 +111,24 @@ class Profiler:
         return trace, offsets[0], drift
 
 
-def top_level(events: List[dict], offset: float) -> Tuple[List[Interval], List[Interval]]:
-    """Host ops not nested in another host op of the same thread, and device kernels, as intervals."""
-    host = sorted((e for e in events if e.get("ph") == "X" and e.get("cat") in HOST_CATS and e["name"] != SYNC
-                   and not e["name"].startswith("ProfilerStep")), key=lambda e: (e["tid"], e["ts"], -e["dur"]))
-    ops: List[Interval] = []
-    open_end: Dict[Any, float] = {}
-    for e in host:
-        if e["ts"] < open_end.get(e["tid"], -1.0):
-            continue  # inside a top-level op of this thread
-        open_end[e["tid"]] = e["ts"] + e["dur"]
-        name = e["name"][len(BACKWARD_PREFIX):] if e["name"].startswith(BACKWARD_PREFIX) else e["name"]
-        ops.append(Interval(name, e["ts"] / 1e6 + offset, (e["ts"] + e["dur"]) / 1e6 + offset, "cpu"))
-    kernels = [Interval(e["name"], e["ts"] / 1e6 + offset, (e["ts"] + e["dur"]) / 1e6 + offset, "cuda")
-               for e in events if e.get("ph") == "X" and e.get("cat") in DEVICE_CATS]
-    return ops, kernels
+def top_level(events: List[dict], offset: float) -> Tuple[List[Interval], List[Interval], List[list]]:
+    """Host ops not nested in another host op of the same thread; device kernels, each named by the op that
+    launched it (correlation ids: kernel_ops); and kernels.csv's rows (kernel, op, calls, total_s)."""
+    host = [e for e in events if e.get("ph") == "X" and e.get("cat") in HOST_CATS and e["name"] != SYNC
+            and not e["name"].startswith("ProfilerStep")]
+    tops = kernel_ops.top_ops(host)
+
+    def op_name(name: str) -> str:
+        return name[len(BACKWARD_PREFIX):] if name.startswith(BACKWARD_PREFIX) else name
+
+    ops = [Interval(op_name(name), a / 1e6 + offset, b / 1e6 + offset, "cpu")
+           for thread in tops.values() for a, b, name in thread]
+    named, table = kernel_ops.device_events(events, tops)
+    kernels = [Interval(op_name(name), e["ts"] / 1e6 + offset, (e["ts"] + e.get("dur", 0)) / 1e6 + offset, "cuda")
+               for e, name in named]
+    for row in table:
+        row[1] = op_name(row[1])
+    return ops, kernels, table
 
 
 def counter_events(samples: Samples, offset: float, pid: Any, window_s: float = 0.05) -> List[dict]:
@@ -163,7 +166,7 @@ def finish(profiler: Profiler, samples: Samples, steps: Sequence[Tuple[float, fl
     """Write ops.csv, layers.csv and trace.json.gz; return the summary's `profile` figures and top rows."""
     trace, offset, drift = profiler.events()
     events = trace["traceEvents"]
-    ops, kernels = top_level(events, offset)
+    ops, kernels, kernel_table = top_level(events, offset)
     # energy is split along one timeline: the kernels where the GPU ran them, else the host ops
     primary, secondary = (kernels, ops) if kernels else (ops, [])
     header, rows, check = attribute(primary, steps, samples, interval_ms)
@@ -174,6 +177,8 @@ def finish(profiler: Profiler, samples: Samples, steps: Sequence[Tuple[float, fl
             if r[0] != "[no op]":
                 rows.append([None if i in energy_cols else v for i, v in enumerate(r)])  # time only
     atomic_write(out_dir / "ops.csv", csv_text(header, rows))
+    if kernel_table:  # which kernels each op's GPU row is made of
+        atomic_write(out_dir / "kernels.csv", csv_text(kernel_ops.KERNELS_HEADER, kernel_table))
     layer_header, layer_rows, layer_check = attribute(profiler.layers, steps, samples, interval_ms)
     atomic_write(out_dir / "layers.csv", csv_text(layer_header, layer_rows))
     pid = next((e.get("pid") for e in events if e.get("ph") == "X"), 0)
@@ -191,7 +196,7 @@ def finish(profiler: Profiler, samples: Samples, steps: Sequence[Tuple[float, fl
         "layers_coverage_of_step_time": layer_check["coverage"],
         "steps_energy_j": check["steps_energy_j"],
         "ops_energy_j": check["rows_energy_j"],
-        "files": ["ops.csv", "layers.csv", "trace.json.gz"],
+        "files": ["ops.csv", "layers.csv", "trace.json.gz"] + (["kernels.csv"] if kernel_table else []),
         "_header": header,
         "_rows": rows,
     }

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import re
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -36,6 +37,9 @@ _REDUCTION = ("sum", "mean", "max", "min", "amax", "amin", "var", "std", "norm",
               "embedding_dense_backward", "mse_loss", "binary_cross_entropy", "smooth_l1_loss")
 
 
+_OP_NAME = re.compile(r"^(\w+::\w+(\.\w+)?|\w+Backward\d+)$")  # aten::conv2d, ConvolutionBackward0
+
+
 def aten_class(name: str) -> str:
     """The class of a traced aten op, from its name without namespace and overload ("convolution_backward")."""
     base = name.split("::")[-1].split(".")[0].lstrip("_")
@@ -54,13 +58,14 @@ def aten_class(name: str) -> str:
 
 def measured_class(name: str, device: str = "cpu") -> str:
     """The class of an ops.csv row: a top-level host op ("aten::conv2d", "ConvolutionBackward0",
-    "Optimizer.step#SGD.step") or, with device "cuda", a kernel name; HOST for the "[no op]" row."""
+    "Optimizer.step#SGD.step"; on a GPU the kernels it launched are named so) or, with device "cuda", a kernel whose
+    launch the trace did not tie to an op (its own name); HOST for the "[no op]" row."""
     if name == "[no op]":
         return HOST
     if name.startswith("Optimizer."):
         return "optimizer"
     low = name.lower()
-    if device == "cuda":  # kernel names
+    if device == "cuda" and not _OP_NAME.match(name):  # kernel names
         if "multi_tensor_apply" in low or "foreach" in low:
             return "optimizer"
         if "conv" in low or "wgrad" in low or "dgrad" in low or "implicit_gemm" in low or "winograd" in low:
