@@ -7,12 +7,13 @@ from typing import List
 import pytest
 import torch
 
-from mtbench.data.synthetic import Synthetic
-from mtbench.predict import allocator, calibration
-from mtbench.predict.trace import BREAKDOWN_KEYS, trace_step
-from mtbench.workload.base import SetupContext, Workload
+# the predictor needs torch >= 2.5 (MemTracker; mtbench.predict.MIN_TORCH): on an older torch the module skips
+pytest.importorskip("torch.distributed._tools.mem_tracker", reason="the predictor needs torch >= 2.5 (MemTracker)")
 
-pytest.importorskip("torch.distributed._tools.mem_tracker")
+from mtbench.data.synthetic import Synthetic  # noqa: E402
+from mtbench.predict import allocator, calibration  # noqa: E402
+from mtbench.predict.trace import BREAKDOWN_KEYS, trace_step  # noqa: E402
+from mtbench.workload.base import SetupContext, Workload  # noqa: E402
 
 
 class TinyMLP(Workload):
