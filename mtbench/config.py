@@ -20,7 +20,7 @@ LOCK_MODES = ("wait", "fail", "off")  # device_lock: wait for another job's devi
 OBJECTIVES = {"step_time_s": "minimize", "throughput": "maximize", "energy_per_sample_j": "minimize"}
 
 # Config groups whose option a user picks on the command line (`model=vgg19`); each is a folder in conf/.
-GROUPS = ("model", "data", "device", "sampler", "target", "experiment")
+GROUPS = ("model", "data", "device", "sampler", "target", "experiment", "logger")
 
 # Hydra 1.4 warns about unrestricted `_target_`s: every instantiate goes through `instantiate` below,
 # which accepts only these prefixes. Tests may extend the tuple (monkeypatch) for their fake workloads.
@@ -335,6 +335,9 @@ SCHEMA: Dict[str, Any] = {
     "data.prefetch_factor": _whole(1),
     "data.persistent_workers": _boolean,
     "data.cache_dir": _path_or_null,
+    "repeat": _whole(1),
+    "logger.name": _one_of("none", "csv", "tensorboard", "mlflow", "wandb"),
+    "logger.mode": _one_of("offline", "online", "disabled"),
 }
 
 
