@@ -180,5 +180,7 @@ def write_metrics_csv(settings: Mapping[str, Any], out_dir: Path, summary: Mappi
                       steps: List[StepRow]) -> None:
     """logger=csv: metrics.csv in the job's folder, tidy long form: one row per step and metric (step, warmup,
     metric, value); a figure a step does not have is left out, never written as 0."""
-    rows = [(index, int(warmup), metric, value) for index, warmup, values in steps for metric, value in values.items()]
+    # each value as steps.csv and samples.csv hold it (repr: no digit lost to a shorter format)
+    rows = [(index, int(warmup), metric, repr(value)) for index, warmup, values in steps
+            for metric, value in values.items()]
     atomic_write(out_dir / METRICS_CSV, csv_text(["step", "warmup", "metric", "value"], rows))
