@@ -110,12 +110,15 @@ def test_ctrl_c_in_a_repeat_leaves_the_groups_summary_of_the_repeats_so_far(tmp_
     assert not (tmp_path / "repeat-3").exists()
 
 
-def test_a_bad_repeat_is_one_line_and_exit_2(capsys):
+@pytest.mark.parametrize("value, message", [
+    ("0", "repeat=0 is out of range; allowed: a whole number >= 1"),
+    ("101", "repeat=101 is out of range; allowed: a whole number from 1 to 100"),
+    ("two", "repeat='two' is not a whole number; allowed: a whole number >= 1")])
+def test_a_bad_repeat_is_one_line_and_exit_2(capsys, value, message):
     with pytest.raises(SystemExit) as info:
-        main(["repeat=0"])
+        main([f"repeat={value}"])
     err = capsys.readouterr().err.strip().splitlines()
-    assert info.value.code == 2 and len(err) == 1
-    assert err[0].startswith("mtbench: error: repeat=0") and ">= 1" in err[0]
+    assert info.value.code == 2 and err == [f"mtbench: error: {message}"]
 
 
 def test_repeat_runs_each_in_its_own_process_and_folder(tmp_path):
