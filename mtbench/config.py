@@ -20,7 +20,7 @@ LOCK_MODES = ("wait", "fail", "off")  # device_lock: wait for another job's devi
 OBJECTIVES = {"step_time_s": "minimize", "throughput": "maximize", "energy_per_sample_j": "minimize"}
 
 # Config groups whose option a user picks on the command line (`model=vgg19`); each is a folder in conf/.
-GROUPS = ("model", "data", "device", "sampler", "target", "experiment")
+GROUPS = ("model", "data", "device", "sampler", "target", "experiment", "logger")
 
 # Hydra 1.4 warns about unrestricted `_target_`s: every instantiate goes through `instantiate` below,
 # which accepts only these prefixes. Tests may extend the tuple (monkeypatch) for their fake workloads.
@@ -335,6 +335,9 @@ SCHEMA: Dict[str, Any] = {
     "data.prefetch_factor": _whole(1),
     "data.persistent_workers": _boolean,
     "data.cache_dir": _path_or_null,
+    "repeat": lambda key, value: repeat_count(key, value),
+    "logger.name": _one_of("none", "csv", "tensorboard", "mlflow", "wandb"),
+    "logger.mode": _one_of("offline", "online", "disabled"),
 }
 
 
@@ -371,6 +374,17 @@ def positive_int(key: str, value: Any, minimum: int = 1) -> int:
         raise UsageError(f"{key}={value!r} is not a whole number; {allowed}")
     if number < minimum:
         raise UsageError(f"{key}={number} is out of range; {allowed}")
+    return number
+
+
+MAX_REPEAT = 100  # repeat=N: a 95 % interval narrows as 1/sqrt(N); past 100 runs a sweep is the better tool
+
+
+def repeat_count(key: str, value: Any) -> int:
+    """repeat=N: a whole number 1..MAX_REPEAT, or a UsageError naming the value and the range."""
+    number = positive_int(key, value)
+    if number > MAX_REPEAT:
+        raise UsageError(f"{key}={number} is out of range; allowed: a whole number from 1 to {MAX_REPEAT}")
     return number
 
 

@@ -190,3 +190,23 @@ def test_a_probe_whose_summary_is_not_one_stops_the_search_with_the_reason(tmp_p
     monkeypatch.setattr(maxbatch.subprocess, "run", fake_run)
     p = maxbatch.probe_in_subprocess(["model=squeezenet"], 2, tmp_path / "b2")
     assert not p.fits and p.kind == "error" and "JSON an array, not an object" in p.message
+
+
+def test_a_schema_1_summary_is_still_read_beside_a_schema_2_one(tmp_path):
+    """The bump to mtbench.summary/2 (issue 24: the run's record, `noise`) leaves older summaries readable: a sweep
+    folder holding both reports both, and a /2 summary's new fields are type-checked like the others."""
+    from mtbench.results.files import SCHEMA
+
+    old = copy.deepcopy(REAL_SHAPE)
+    assert old["schema"] == "mtbench.summary/1" and SCHEMA == "mtbench.summary/2"
+    new = dict(copy.deepcopy(REAL_SHAPE), schema=SCHEMA, batch_size=4, started_at="2026-12-01T22:35:35+00:00",
+               noise={"noisy": False, "step_cv": 0.01, "reasons": [], "busy_other_pct": 2.0})
+    write_jobs(tmp_path, [old, new])
+    assert reader.read_summary(tmp_path / "0-squeezenet-b2")["schema"] == "mtbench.summary/1"
+    assert reader.checked(reader.read_summary(tmp_path / "1-squeezenet-b4"))["_unreadable"] == {}
+    make_report(tmp_path)
+    text = (tmp_path / "report" / "README.md").read_text()
+    assert "| 0-squeezenet-b2 | squeezenet | 2 |" in text and "| 1-squeezenet-b4 | squeezenet | 4 |" in text
+    assert "unreadable" not in text
+    broken = reader.checked(dict(new, noise={"noisy": "yes"}))
+    assert broken["noise"] is None and broken["_unreadable"]["noise"].startswith("an object where null or {noisy")

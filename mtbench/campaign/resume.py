@@ -12,7 +12,7 @@ from mtbench.config import OBJECTIVES
 
 
 # keys that change how a job is run, not what it measures: a resumed sweep may differ in them
-NOT_MEASURED_KEYS = ("resume", "device_lock", "lock_dir", "allow_parallel", "objective")
+NOT_MEASURED_KEYS = ("resume", "device_lock", "lock_dir", "allow_parallel", "objective", "logger")
 
 
 def finished_summary(out_dir: str, cfg: DictConfig) -> Optional[Dict[str, Any]]:

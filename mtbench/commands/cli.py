@@ -29,7 +29,7 @@ OmegaConf.register_new_resolver("mtbench_free_dir", free_dir, use_cache=True, re
 
 @hydra.main(version_base="1.3", config_path=str(conf_dir()), config_name="config")
 def hydra_app(cfg: DictConfig) -> float:
-    from mtbench.job.isolation import run_isolated
+    from mtbench.campaign.repeats import run_repeats
     from mtbench.results.console import print_summary
 
     hydra_cfg = HydraConfig.get()
@@ -44,7 +44,8 @@ def hydra_app(cfg: DictConfig) -> float:
                       flush=True)
                 return objective_value(done, objective)
         check_targets(cfg)
-        summary = run_isolated(cfg, hydra_cfg.runtime.output_dir)  # the job trains in a child process
+        # the job trains in a child process (repeat=N: N of them, one after the other)
+        summary = run_repeats(cfg, hydra_cfg.runtime.output_dir)
     except UsageError as exc:
         sys.exit(print_error(exc))  # inside Hydra's task function: Hydra would print a traceback of a raise
     print_summary(summary, hydra_cfg.runtime.output_dir, compact=hydra_cfg.mode == RunMode.MULTIRUN)

@@ -22,7 +22,7 @@ from mtbench.errors import UsageError, describe_error, print_error
 from mtbench.job import signals
 from mtbench.job.messages import Message
 from mtbench.job.run import run_job
-from mtbench.results import files as results
+from mtbench.results import files as results, record
 from mtbench.results.reader import UnreadableSummary, read_summary
 from mtbench.results.summary import build_summary
 
@@ -49,7 +49,7 @@ def run_isolated(cfg: DictConfig, out_dir: Path, timing: Optional[Dict[str, floa
     """
     import torchvision  # noqa: F401 - imported once here rather than in every job's process (no torch op runs)
 
-    wall_start = time.monotonic()
+    wall_start, started_at = time.monotonic(), record.utc_now()
     signals.install_terminate_handlers()  # SIGTERM and SIGHUP raise signals.Terminated here, as Ctrl-C does
     out_dir = Path(out_dir)
     context = multiprocessing.get_context("fork")
@@ -94,7 +94,8 @@ def run_isolated(cfg: DictConfig, out_dir: Path, timing: Optional[Dict[str, floa
             messages[Message.TERMINATED] = interrupted.signum
         elif interrupted is not None:
             messages[Message.INTERRUPTED] = True
-        summary = _summary_of_dead_job(cfg, out_dir, child.exitcode, messages, oom_before.since(child.pid))
+        summary = _summary_of_dead_job(cfg, out_dir, child.exitcode, messages, oom_before.since(child.pid),
+                                       started_at)
     if interrupted is not None:
         raise interrupted
     if messages.get(Message.INTERRUPTED):
@@ -313,7 +314,7 @@ def _read_oom_kill(path: str) -> Optional[int]:
 
 
 def _summary_of_dead_job(cfg: DictConfig, out_dir: Path, exitcode: Optional[int], messages: Dict[str, Any],
-                         oom_kills: Dict[str, Any]) -> Dict[str, Any]:
+                         oom_kills: Dict[str, Any], started_at: Optional[str] = None) -> Dict[str, Any]:
     """The summary of a job whose process ended without sending one, written by the parent."""
     if Message.INTERRUPTED in messages:  # Ctrl-C before the job had anything to write
         failure = signals.failure_of(KeyboardInterrupt())
@@ -339,6 +340,7 @@ def _summary_of_dead_job(cfg: DictConfig, out_dir: Path, exitcode: Optional[int]
             "env": started.get("env") or env.host(),
             "config": OmegaConf.to_container(cfg, resolve=True),
         })
+    record.stamp(summary, started_at)
     try:
         results.write_summary(out_dir, summary)
     except OSError as exc:

@@ -26,7 +26,7 @@ from mtbench.job import signals
 from mtbench.job.lock import DeviceLock
 from mtbench.job.messages import Message
 from mtbench.planning.planner import Planner
-from mtbench.results import files as results, step_columns
+from mtbench.results import files as results, loggers, record, step_columns
 from mtbench.results.summary import build_summary
 from mtbench.sampling import Sampler, SensorUnavailable, open_sensors, windows
 from mtbench.sampling.process import ProcessSampler, SamplerError
@@ -52,6 +52,7 @@ class Job:
         self.interval_ms = setting(cfg, "sampler.interval_ms")
         self.device = resolve_device(self.spec.device)
         self.power = PowerControl(cfg, self.out_dir, self.device)  # power.*: checked here, applied in run()
+        self.started_at = record.utc_now()  # summary.json's started_at (UTC); finished_at is stamped when written
         self.failure: Optional[Dict[str, str]] = None
         self.durations: List[float] = []
         self.losses: Dict[int, Dict[str, float]] = {}  # step index -> the losses its step returned, by name
@@ -380,5 +381,6 @@ def _write(job: Job, samples) -> None:
             header, rows = header + ["data_wait_s"], [row + [step_columns.seconds(wait(row[0]))] for row in rows]
         results.write_steps(job.out_dir, header, rows)
         results.write_samples(job.out_dir, samples)
-    results.write_summary(job.out_dir, summary)
+    results.write_summary(job.out_dir, record.stamp(summary, job.started_at))
     job.last_summary = summary
+    loggers.log_job(job.cfg, job.out_dir, summary)  # logger=...: after the files; an error there is one warning

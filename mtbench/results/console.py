@@ -32,9 +32,10 @@ def print_summary(summary: Dict[str, Any], out_dir: str, compact: bool = False) 
     if compact:  # one line per job inside a sweep; the table at its end has the rest
         step = (summary.get("step_time_s") or {}).get("median")
         result = "ok" if ok else f"FAILED ({(summary['failure'] or {}).get('kind')})"
+        noisy = noise_line(summary)
         console.print(f"    {summary['model']} batch {summary['batch_size']}: {result}, "
-                      f"last step time median {_num(step, '.4f', ' s')}, results in {out_dir}", markup=False,
-                      soft_wrap=True)
+                      f"last step time median {_num(step, '.4f', ' s')}, results in {out_dir}"
+                      + (f" (NOISY: {noisy})" if noisy else ""), markup=False, soft_wrap=True)
         return
     title = f"{summary['model']}  batch {summary['batch_size']}  on {summary['device']}  ({summary['data']})"
     table = Table(title=title, show_header=False, box=None, pad_edge=False)
@@ -72,8 +73,34 @@ def print_summary(summary: Dict[str, Any], out_dir: str, compact: bool = False) 
     if over:  # never a silent success: the peak went over the budget the plan was chosen for
         table.add_row("[yellow]WARNING[/yellow]", f"the measured peak went {fmt_bytes(over)} over the memory budget "
                                                   f"(memory_plan.over_budget_bytes)")
+    if repeats_line(summary):
+        table.add_row("repeats", escape(repeats_line(summary) or ""))
+    if noise_line(summary):  # a spread figure is still a figure: said, never silently reported like any other
+        table.add_row("[yellow]NOISY[/yellow]", escape(noise_line(summary) or ""))
     table.add_row("results", str(out_dir))
     console.print(table)
+
+
+def noise_line(summary: Dict[str, Any]) -> Optional[str]:
+    """Why the job's measurement is noisy (summary.json's `noise`), or None where it is not."""
+    noise = summary.get("noise")
+    if not isinstance(noise, dict) or not noise.get("noisy"):
+        return None
+    return "; ".join(str(r) for r in noise.get("reasons") or []) or "noisy"
+
+
+def repeats_line(summary: Dict[str, Any]) -> Optional[str]:
+    """'3 runs (repeat-1 ... repeat-3): median step time 0.1234 s, std 0.0021 s, 95 % CI 0.1182-0.1286 s'."""
+    repeats = summary.get("repeats")
+    if not isinstance(repeats, dict):
+        return None
+    step = repeats.get("step_time_s") if isinstance(repeats.get("step_time_s"), dict) else {}
+    ci = step.get("ci95") or [None, None]
+    spread = (f"mean {_num(step.get('mean'), '.4f', ' s')}, std {_num(step.get('std'), '.4f', ' s')}, "
+              f"95 % CI {_num(ci[0], '.4f')}-{_num(ci[1], '.4f', ' s')}" if step.get("ci95") else
+              f"no spread ({step.get('reason') or 'n/a'})")
+    return (f"{repeats.get('n')} runs, {repeats.get('succeeded', repeats.get('n'))} succeeded; median step time "
+            f"across them: {spread}; this summary is {repeats.get('summary_of')}'s")
 
 
 NOT_MEASURED = "not measured on this machine"

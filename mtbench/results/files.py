@@ -1,7 +1,7 @@
 """The result files of one job (summary.json, steps.csv, samples.csv), written atomically.
 
-summary.json follows the contract in docs/results.md (schema "mtbench.summary/1"); extra keys are allowed, the
-required ones never change meaning without a schema bump.
+summary.json follows the contract in docs/results.md (schema "mtbench.summary/2"; /1, which lacked the run's record
+and `noise`, is still read); extra keys are allowed, the required ones never change meaning without a schema bump.
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import numpy as np
 
 from mtbench.sampling import Samples
 
-SCHEMA = "mtbench.summary/1"
+SCHEMA = "mtbench.summary/2"
 REQUIRED_KEYS = (
     "schema", "model", "batch_size", "device", "data", "success", "failure", "warmup_steps",
     "measured_steps", "step_time_s", "throughput_samples_per_s", "cpu_util_pct", "gpu_util_pct",

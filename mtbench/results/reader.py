@@ -173,6 +173,9 @@ FIELD_TYPES: Dict[str, Tuple[Check, str]] = {
     "profiled": (_opt(_bool), "true or false"),
     "profile": (_opt(_obj()), "an object or null"),
     "write_error": (_opt(_str), "a string or null"),
+    "noise": (_opt(_obj(noisy=_bool, step_cv=_num, reasons=_list(_str), busy_other_pct=_num)),
+              "null or {noisy: boolean, step_cv: number, reasons: [strings], busy_other_pct: number}"),
+    "repeats": (_opt(_obj(n=_integer, folders=_list(_str))), "null or {n: integer, folders: [strings], ...}"),
 }
 
 

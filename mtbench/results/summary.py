@@ -4,6 +4,7 @@ from __future__ import annotations
 import math
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
+from mtbench.results import noise
 from mtbench.results.files import SCHEMA, stats
 
 # figures that are null with a reason in `unavailable`, never a silent null or a 0
@@ -63,6 +64,8 @@ def build_summary(*, model: Optional[str], batch_size: Optional[int], device: st
     summary["profiled"] = False
     summary.update(job or {})
     summary.update(extra or {})
+    summary["noise"], why = noise.assess(summary, durations_s)  # varying steps, other busy processes
+    unavailable.update(why)
     return summary
 
 
