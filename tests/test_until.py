@@ -43,6 +43,23 @@ def write_separable_cifar(root, train=32, test=64, seed=0):
     return root
 
 
+def test_held_out_split_is_the_test_batch(tmp_path):
+    from mtbench.data.cifar10 import CIFAR10, MEAN, STD
+    from mtbench.errors import DataError
+
+    write_separable_cifar(tmp_path)
+    with open(tmp_path / "cifar-10-batches-py" / "test_batch", "rb") as f:
+        test = pickle.load(f, encoding="bytes")
+    batches = CIFAR10(root=str(tmp_path)).held_out_image_batches(16, (3, 32, 32), 10)
+    assert [len(y) for _, y in batches] == [16] * 4  # all 64 held-out images, none of the training ones
+    assert torch.cat([y for _, y in batches]).tolist() == test[b"labels"]
+    first = torch.tensor(test[b"data"][0, :1024], dtype=torch.float32).view(32, 32) / 255
+    assert torch.allclose(batches[0][0][0, 0], (first - MEAN[0]) / STD[0])  # normalized as the training images
+    (tmp_path / "cifar-10-batches-py" / "test_batch").unlink()
+    with pytest.raises(DataError, match="missing file .*test_batch"):
+        CIFAR10(root=str(tmp_path)).held_out_image_batches(16, (3, 32, 32), 10)
+
+
 def read_csv(path):
     with open(path) as f:
         return list(csv.DictReader(f))
