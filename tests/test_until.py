@@ -207,3 +207,21 @@ def test_accuracy_out_of_range_is_refused_before_any_job(value):
 def test_loss_and_eval_every_out_of_range_are_refused(override):
     with pytest.raises(UsageError, match=f"^{override.split('=')[0]}="):
         check_overrides([override])
+
+
+@pytest.mark.parametrize("keys, says", [
+    ({"objective": "time_to_target_s"}, "objective=time_to_target_s needs a run to a target; allowed: until.accuracy"),
+    ({"objective": "energy_to_target_j", "until": {"loss": 1.0}},
+     "objective=energy_to_target_j needs a power sensor and sampler=procfs has none"),
+    ({"objective": "time_to_target_s", "until": {"accuracy": 0.9}}, None),
+])
+def test_sweep_for_the_least_to_target_is_checked_before_any_job(keys, says):
+    from omegaconf import OmegaConf
+
+    from mtbench.campaign.sweep import sweep_problem
+
+    cfg = OmegaConf.create({"hydra": {"launcher": {}}, "sampler": {"sensors": ["procfs"]},
+                            "until": {"accuracy": None, "loss": None}})
+    cfg = OmegaConf.merge(cfg, keys)
+    problem = sweep_problem(cfg)
+    assert problem == says if says is None else problem.startswith(says), problem
