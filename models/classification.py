@@ -50,11 +50,11 @@ class ImageClassification(Workload):
         device = next(self.net.parameters()).device
         self.net.eval()  # BatchNorm's running statistics and no dropout, as a trained network is used
         try:
-            with torch.no_grad():
-                correct = sum(int((self.net(x.to(device)).argmax(1) == y.to(device)).sum()) for x, y in batches)
+            with torch.no_grad():  # counted on the device, read back once (one CPU-GPU sync point, not one a batch)
+                correct = sum((self.net(x.to(device)).argmax(1) == y.to(device)).sum() for x, y in batches)
         finally:
             self.net.train()
-        return correct / max(1, sum(len(y) for _, y in batches))
+        return int(correct) / max(1, sum(len(y) for _, y in batches))
 
     def blocks(self) -> Optional[List[torch.nn.Module]]:
         # derived once from the network's children and checked against net(x) on two images

@@ -60,6 +60,27 @@ def test_held_out_split_is_the_test_batch(tmp_path):
         CIFAR10(root=str(tmp_path)).held_out_image_batches(16, (3, 32, 32), 10)
 
 
+def test_accuracy_trains_nothing_and_leaves_the_network_training(tmp_path):
+    from mtbench.config import instantiate
+    from mtbench.data.cifar10 import CIFAR10
+    from tests.conftest import compose_cfg
+
+    write_separable_cifar(tmp_path)
+    cfg = compose_cfg(TINY + [f"data.root={tmp_path}"])
+    data, w = CIFAR10(root=str(tmp_path), image_size=8), instantiate(cfg.model.workload, "model.workload")
+    w.setup(SetupContext(device=torch.device("cpu"), batch_size=8, data=data, seed=0, batches=1))
+    held_out = w.held_out_batches(data, 8)
+    before = [p.detach().clone() for p in w.net.parameters()]
+    first = w.accuracy(held_out)
+    assert 0 <= first <= 1 and w.accuracy(held_out) == first  # eval mode: no dropout, the same answer twice
+    assert w.net.training and all(torch.equal(a, b) for a, b in zip(before, w.net.parameters()))
+    labels = torch.cat([y for _, y in held_out])
+    with torch.no_grad():
+        w.net.eval()
+        predicted = torch.cat([w.net(x).argmax(1) for x, _ in held_out])
+    assert first == pytest.approx(float((predicted == labels).float().mean()))
+
+
 def read_csv(path):
     with open(path) as f:
         return list(csv.DictReader(f))
