@@ -52,9 +52,12 @@ def fig_accuracy(groups: Dict[str, List[Dict[str, Any]]], out: Path) -> List[str
         runs = [r for r in runs if r[1][0] == metric]  # type: ignore[index]
         fig, (by_time, by_energy) = plt.subplots(1, 2, figsize=(12, 4.5))
         energy_drawn = False
+        batches = [j.get("batch_size") for j, _, _ in runs]
         for k, (job, (_, value), rows) in enumerate(runs):  # type: ignore[misc]
             style = {"color": f"C{k % 10}", "marker": "o", "markersize": 3}
             label = f"b{job.get('batch_size')}" + _reached(job)
+            if batches.count(job.get("batch_size")) > 1:  # two runs of one batch size (another knob): their folders
+                label += f" [{job.get('_dir')}]"
             ys = [r.get(metric) for r in rows]
             by_time.plot([r["train_time_s"] for r in rows], ys, label=label, **style)
             points = [(r["train_energy_j"], y) for r, y in zip(rows, ys) if r.get("train_energy_j") is not None]
