@@ -13,6 +13,7 @@ from mtbench.workload.base import SetupContext, StepLoss, Workload, optimizer_fr
 class ImageClassification(Workload):
     MICROBATCH = True  # the loss is the mean cross-entropy over the batch's images
     TAKES_BATCHES = True  # data.loader=dataloader hands it each step's images
+    EVALUATES_ACCURACY = True  # until.accuracy: top-1 on the held-out images
 
     def __init__(self, net: torch.nn.Module, optimizer: Any, input_shape: Sequence[int], num_classes: int) -> None:
         self.net = net
@@ -40,6 +41,20 @@ class ImageClassification(Workload):
 
     def take_batch(self, batch: Any) -> None:
         self.batches, self.i = [tuple(batch)], 0  # the pipeline's batch replaces the prepared ones
+
+    def held_out_batches(self, data: Any, batch_size: int) -> List[Any]:
+        # kept where the data set is (host memory); each batch goes to the device when evaluated
+        return data.held_out_image_batches(batch_size, self.input_shape, self.num_classes)
+
+    def accuracy(self, batches: List[Any]) -> float:
+        device = next(self.net.parameters()).device
+        self.net.eval()  # BatchNorm's running statistics and no dropout, as a trained network is used
+        try:
+            with torch.no_grad():  # counted on the device, read back once (one CPU-GPU sync point, not one a batch)
+                correct = sum((self.net(x.to(device)).argmax(1) == y.to(device)).sum() for x, y in batches)
+        finally:
+            self.net.train()
+        return int(correct) / max(1, sum(len(y) for _, y in batches))
 
     def blocks(self) -> Optional[List[torch.nn.Module]]:
         # derived once from the network's children and checked against net(x) on two images

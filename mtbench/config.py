@@ -18,6 +18,8 @@ from mtbench.errors import UsageError
 LOCK_MODES = ("wait", "fail", "off")  # device_lock: wait for another job's device, fail at once, or no lock
 # what a job returns to a Hydra sweeper (`objective=...`), and the direction a sweeper should take
 OBJECTIVES = {"step_time_s": "minimize", "throughput": "maximize", "energy_per_sample_j": "minimize"}
+# a run to a target (until.*): the training time and energy it took, +inf where the target was not met
+OBJECTIVES.update({"time_to_target_s": "minimize", "energy_to_target_j": "minimize"})
 
 # Config groups whose option a user picks on the command line (`model=vgg19`); each is a folder in conf/.
 GROUPS = ("model", "data", "device", "sampler", "target", "experiment", "logger")
@@ -292,6 +294,16 @@ def _mode(v: Any) -> Any:
     return v
 
 
+def _fraction(v: Any) -> float:  # an accuracy: a share of the held-out samples
+    assert isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v <= 1
+    return float(v)
+
+
+def _loss(v: Any) -> float:  # a training loss to reach: finite and > 0
+    assert isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < float("inf")
+    return float(v)
+
+
 def _word(v: Any) -> str:
     assert isinstance(v, str) and v.replace("_", "").isalnum()
     return v
@@ -338,6 +350,9 @@ SCHEMA: Dict[str, Any] = {
     "repeat": lambda key, value: repeat_count(key, value),
     "logger.name": _one_of("none", "csv", "tensorboard", "mlflow", "wandb"),
     "logger.mode": _one_of("offline", "online", "disabled"),
+    "until.accuracy": _null_or(_fraction, "a held-out top-1 accuracy 0 < A <= 1 (0.94 for 94 %)"),
+    "until.loss": _null_or(_loss, "a training loss > 0"),
+    "until.eval_every": _whole(1),
 }
 
 

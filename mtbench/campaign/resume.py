@@ -65,6 +65,8 @@ def objective_value(summary: Dict[str, Any], objective: str) -> float:
         elif objective == "energy_per_sample_j":
             per_step = (summary.get("energy_j") or {}).get("per_step_mean")
             value = None if per_step is None else per_step / summary["batch_size"]
+        elif objective in ("time_to_target_s", "energy_to_target_j"):  # null where the target was not met
+            value = summary.get(objective)
     if value is None:
         return math.inf if OBJECTIVES[objective] == "minimize" else -math.inf
     return float(value)

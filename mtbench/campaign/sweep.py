@@ -50,6 +50,12 @@ def sweep_problem(config: DictConfig) -> Optional[str]:
     if config.get("objective") == "energy_per_sample_j" and list(config.sampler.sensors) == ["procfs"]:
         return ("objective=energy_per_sample_j needs a power sensor and sampler=procfs has none; allowed: "
                 "sampler=jetson, jtop, nvml, rapl or auto")
+    to_target = config.get("objective") in ("time_to_target_s", "energy_to_target_j")  # runs to a target (until.*)
+    if to_target and all((config.get("until") or {}).get(k) is None for k in ("accuracy", "loss")):
+        return f"objective={config.objective} needs a run to a target; allowed: until.accuracy=A or until.loss=L"
+    if config.get("objective") == "energy_to_target_j" and list(config.sampler.sensors) == ["procfs"]:
+        return ("objective=energy_to_target_j needs a power sensor and sampler=procfs has none; allowed: "
+                "sampler=jetson, jtop, nvml, rapl or auto")
     return None
 
 

@@ -96,6 +96,11 @@ class DataSource:
                       seed: int) -> List[ImageBatch]:
         raise self._cannot("images", "cifar10")
 
+    def held_out_image_batches(self, batch_size: int, shape: Sequence[int], num_classes: int) -> List[ImageBatch]:
+        """The real set's held-out split (CIFAR-10's test_batch), in batches, for until.accuracy."""
+        raise UsageError(f"until.accuracy: data={self.name} has no held-out split whose accuracy means anything "
+                         "(synthetic labels are random); allowed: data=cifar10 data.root=DIR, or until.loss=L")
+
     def char_corpus(self, min_chars: int, seed: int) -> CharCorpus:
         raise self._cannot("a character corpus", "shakespeare")
 

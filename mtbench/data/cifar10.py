@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pickle
 from pathlib import Path
-from typing import List
+from typing import List, Sequence
 
 import numpy as np
 import torch
@@ -19,6 +19,7 @@ from mtbench.errors import DataError
 from mtbench.regular_files import RefusedFile, open_regular
 
 TRAIN_FILES = [f"data_batch_{i}" for i in range(1, 6)]
+TEST_FILE = "test_batch"  # the held-out split (10,000 images): until.accuracy measures on it
 META_FILE = "batches.meta"
 # per-channel mean / std of the CIFAR-10 training set, for the usual normalization
 MEAN = (0.4914, 0.4822, 0.4465)
@@ -66,6 +67,16 @@ def _load(path: Path) -> dict:
 
 def load_train(root: str) -> tuple:
     """(images N x 3 x 32 x 32 uint8, labels N int64, class names) from the five training batches."""
+    return load_batches(root, TRAIN_FILES)
+
+
+def load_test(root: str) -> tuple:
+    """The same from the held-out test_batch."""
+    return load_batches(root, [TEST_FILE])
+
+
+def load_batches(root: str, files: Sequence[str]) -> tuple:
+    """(images N x 3 x 32 x 32 uint8, labels N int64, class names) from the batch `files` of the set under root."""
     folder = Path(root).expanduser() / "cifar-10-batches-py"
     meta = _load(folder / META_FILE)
     raw_names = meta.get(b"label_names", [])
@@ -76,7 +87,7 @@ def load_train(root: str) -> tuple:
     if not names:
         raise DataError(f"{folder / META_FILE}: has no label_names")
     images, labels = [], []
-    for name in TRAIN_FILES:
+    for name in files:
         batch = _load(folder / name)
         data, lab = batch.get(b"data"), batch.get(b"labels")
         if not isinstance(data, np.ndarray) or data.ndim != 2 or data.shape[1] != 3072 or lab is None:
@@ -131,10 +142,23 @@ class CIFAR10(LocalFiles):
             raise DataError(f"{self.location}: the CIFAR-10 training batches hold no images")
         order = np.random.default_rng(seed).permutation(len(images))
         needed = np.resize(order, batch_size * count)  # cycle when the set is smaller than needed
-        x = torch.from_numpy(images[needed]).float().div_(255.0)
+        return self._batches(images[needed], labels[needed], batch_size)
+
+    def held_out_image_batches(self, batch_size, shape, num_classes) -> List:
+        check_image_shape(self.image_size, shape)
+        if shape[0] != 3 or num_classes != 10:
+            raise DataError(f"data=cifar10 gives 3-channel images in 10 classes, not {tuple(shape)} / {num_classes}")
+        images, labels, _ = load_test(self.location)
+        if len(images) == 0:
+            raise DataError(f"{self.location}: the CIFAR-10 {TEST_FILE} holds no images")
+        return self._batches(images, labels, batch_size)
+
+    def _batches(self, images: np.ndarray, labels: np.ndarray, batch_size: int) -> List:
+        """Normalized (and resized) float images with their labels, in batches of `batch_size`."""
+        x = torch.from_numpy(images).float().div_(255.0)
         x = (x - torch.tensor(MEAN).view(1, 3, 1, 1)) / torch.tensor(STD).view(1, 3, 1, 1)
         if self.image_size != 32:  # e.g. ImageNet-shaped 224x224 inputs; made here, before timing
             x = torch.nn.functional.interpolate(x, size=(self.image_size, self.image_size), mode="bilinear",
                                                 align_corners=False)
-        y = torch.from_numpy(labels[needed])
+        y = torch.from_numpy(labels)
         return list(zip(x.split(batch_size), y.split(batch_size)))

@@ -25,6 +25,7 @@ from mtbench.errors import UsageError, describe_error, print_error
 from mtbench.job import signals
 from mtbench.job.lock import DeviceLock
 from mtbench.job.messages import Message
+from mtbench.job.until import TargetRun
 from mtbench.planning.planner import Planner
 from mtbench.results import files as results, loggers, record, step_columns
 from mtbench.results.summary import build_summary
@@ -53,6 +54,7 @@ class Job:
         self.device = resolve_device(self.spec.device)
         self.power = PowerControl(cfg, self.out_dir, self.device)  # power.*: checked here, applied in run()
         self.started_at = record.utc_now()  # summary.json's started_at (UTC); finished_at is stamped when written
+        self.until = TargetRun(cfg, self.spec.batch_size)  # until.*: checked here; the checks run between steps
         self.failure: Optional[Dict[str, str]] = None
         self.durations: List[float] = []
         self.losses: Dict[int, Dict[str, float]] = {}  # step index -> the losses its step returned, by name
@@ -135,6 +137,7 @@ class Job:
             batches=min(MAX_PREPARED_BATCHES, spec.warmup + spec.steps),
         )
         self.workload.setup(ctx)
+        self.until.prepare(data, self.workload)  # until.accuracy: the held-out batches, before timing
         # None for data.loader=preloaded
         self.pipeline = open_pipeline(data, spec.batch_size, spec.seed, self.device, self.workload.TAKES_BATCHES)
         # memory.plan: fixed, or (auto) the fastest predicted or probed plan that fits the budget
@@ -159,6 +162,8 @@ class Job:
         with self.profiler if self.profiler is not None else contextlib.nullcontext():
             for i in range(first, first + spec.steps):
                 self.durations.append(self._timed_step(i, warmup=False))
+                if self.until.reached(self, i, last=i == first + spec.steps - 1):
+                    break
         self.mem = peak.read()
         # the workload's own figures over the measured steps, taken before the untimed step below adds one more
         self.extra = self.workload.extra_metrics(len(self.durations))
@@ -216,6 +221,7 @@ class Job:
             reasons=reasons,
             null_reason=self.no_samples_reason if samples is None else "the job ended before its measured steps",
             units_per_sample=units, losses=self.measured_losses,
+            target_run=self.until.figures(samples, self.sampler, self.interval_ms),
             job={
                 **self.mem,
                 "mem_runtime_bytes": self.runtime_bytes,
@@ -381,6 +387,7 @@ def _write(job: Job, samples) -> None:
             header, rows = header + ["data_wait_s"], [row + [step_columns.seconds(wait(row[0]))] for row in rows]
         results.write_steps(job.out_dir, header, rows)
         results.write_samples(job.out_dir, samples)
+        job.until.write_curve(job.out_dir, samples, job.sampler, job.interval_ms)
     results.write_summary(job.out_dir, record.stamp(summary, job.started_at))
     job.last_summary = summary
     loggers.log_job(job.cfg, job.out_dir, summary)  # logger=...: after the files; an error there is one warning

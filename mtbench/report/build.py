@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from mtbench.errors import UsageError
+from mtbench.report.accuracy import fig_accuracy
 from mtbench.report.figures import (fig_energy, fig_memory, fig_memory_breakdown, fig_power, fig_profile, fig_time,
                                     fig_utilization)
 from mtbench.report.pareto import fig_pareto
@@ -61,6 +62,7 @@ def _write_report(jobs: List[Dict[str, Any]], unreadable: List[Dict[str, str]], 
         figures.append(fig_memory_breakdown(groups, out))
     figures += [f for f in (fig_profile(j, Path(j["_root"]), out) for j in jobs if j.get("profiled")) if f]
     figures += fig_pareto(jobs, out)  # jobs that vary power.*: the time-energy front per model
+    figures += fig_accuracy(groups, out)  # runs to a target (until.*): accuracy against time and energy
     atomic_write(out / "README.md", readme(jobs, figures, unreadable))
 
 

@@ -14,6 +14,9 @@ FIGURE_KEYS = ("cpu_util_pct", "process_cpu_pct", "gpu_util_pct", "power_w", "en
 JOB_KEYS = ("mem_peak_source", "mem_baseline_bytes", "mem_runtime_bytes", "mem_fragmentation_bytes", "target", "budget_bytes",
             "budget_enforced_by", "parameters", "cudnn_benchmark", "data_pipeline", "power_mode", "memory_plan",
             "sampler", "env", "config")
+# a run to a target (until.*; docs/results.md): only in such a run's summary, null with the reason where not reached
+TARGET_KEYS = ("until", "target_reached", "steps_to_target", "samples_to_target", "time_to_target_s",
+               "wall_to_target_s", "energy_to_target_j", "checks")
 
 
 def build_summary(*, model: Optional[str], batch_size: Optional[int], device: str, data: str,
@@ -22,13 +25,15 @@ def build_summary(*, model: Optional[str], batch_size: Optional[int], device: st
                   units_per_sample: Optional[Mapping[str, float]] = None, job: Optional[Mapping[str, Any]] = None,
                   extra: Optional[Mapping[str, Any]] = None,
                   losses: Optional[Sequence[Mapping[str, float]]] = None,
-                  data_wait_s: Optional[Sequence[float]] = None) -> Dict[str, Any]:
+                  data_wait_s: Optional[Sequence[float]] = None,
+                  target_run: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
     """A job's summary. `figures`: the values of FIGURE_KEYS it has (the others are null); `reasons`: why a figure
     is null, where known ({key or key.field: reason}); `null_reason`: the reason of every other null figure;
     `job`: the JOB_KEYS it has and any other key of the job (the budget's); `extra` is added last (the workload's
     own metrics); `losses`: what each measured step's `step()` returned, by name (None or empty: `null_reason`
     says why there is no loss); `data_wait_s`: the seconds each measured step blocked on its batch
-    (data.loader=dataloader; the job gives the reason where batches were made before timing)."""
+    (data.loader=dataloader; the job gives the reason where batches were made before timing); `target_run`: the
+    TARGET_KEYS of a run to a target and their reasons in its `unavailable` (None: an ordinary run)."""
     measured = len(durations_s)
     total_s = float(sum(durations_s))
     throughput = batch_size * measured / total_s if batch_size and total_s > 0 else None
@@ -59,6 +64,9 @@ def build_summary(*, model: Optional[str], batch_size: Optional[int], device: st
     if losses and summary["loss"] is None:  # steps measured, none with a loss (no steps: the job's reason)
         unavailable["loss"] = "the workload's training step returns no loss"
     unavailable.update({k: null_reason for k in FIGURE_KEYS if summary[k] is None and k not in unavailable})
+    if target_run is not None:
+        unavailable.update(target_run.get("unavailable") or {})
+        summary.update({k: target_run.get(k) for k in TARGET_KEYS})
     summary["unavailable"] = unavailable
     summary.update({k: None for k in JOB_KEYS})
     summary["profiled"] = False

@@ -43,6 +43,7 @@ class Workload(abc.ABC):
     memory_plan: plans.MemoryPlan = plans.NONE  # how the next step runs (recompute, micro-batches)
     MICROBATCH = False  # True: `step` computes its gradients through `planned_backward`
     TAKES_BATCHES = False  # True: `take_batch` trains the next step on a batch from data.loader=dataloader
+    EVALUATES_ACCURACY = False  # True: `held_out_batches` and `accuracy` measure it on held-out data (until.accuracy)
 
     @abc.abstractmethod
     def setup(self, ctx: SetupContext) -> None:
@@ -64,6 +65,15 @@ class Workload(abc.ABC):
     def take_batch(self, batch: Any) -> None:
         """Train the next step on `batch` (on the device already), from data.loader=dataloader's pipeline."""
         raise NotImplementedError(f"{type(self).__name__} trains only on the batches it prepares")
+
+    def held_out_batches(self, data: DataSource, batch_size: int) -> List[Any]:
+        """The held-out batches `accuracy` measures on, made before timing (EVALUATES_ACCURACY workloads)."""
+        raise NotImplementedError(f"{type(self).__name__} measures no accuracy")
+
+    def accuracy(self, batches: List[Any]) -> float:
+        """Top-1 accuracy (0-1) of the trained network on `batches`, without training on them (EVALUATES_ACCURACY
+        workloads); the caller times nothing of it and synchronizes after it."""
+        raise NotImplementedError(f"{type(self).__name__} measures no accuracy")
 
     def blocks(self) -> Optional[List[torch.nn.Module]]:
         """The trained network as a sequence of blocks (x -> b_n(...b_1(x))) for recomputation; None: not segmented."""
