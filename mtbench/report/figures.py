@@ -157,11 +157,14 @@ def fig_memory_breakdown(groups, out: Path, not_measured: NotMeasured) -> Option
     """Where the peak goes (mem_breakdown_bytes): one panel per model, a stacked bar per batch size."""
     models = [(m, [j for j in js if j.get("mem_breakdown_bytes")]) for m, js in groups.items()]
     shown = [(m, js) for m, js in models if js]
+    by_reason: Dict[str, List[str]] = defaultdict(list)  # one line per reason, naming the models or jobs
     for m, js in models:
         missing = [j for j in groups[m] if not j.get("mem_breakdown_bytes")]
         if missing:
             where = m if not js else f"{m} b{', b'.join(str(j['batch_size']) for j in missing)}"
-            not_measured.append((f"memory breakdown: {where}", reasons(missing, "mem_breakdown_bytes")))
+            by_reason[reasons(missing, "mem_breakdown_bytes")].append(where)
+    for why, where in by_reason.items():
+        not_measured.append(("memory breakdown" + (f": {', '.join(where)}" if shown else ""), why))
     if not shown:
         return None
     cols = min(3, len(shown))
