@@ -54,6 +54,7 @@ def test_report_cli(sweep, tmp_path):
     proc = mtbench_cli("report", str(sweep))
     assert proc.returncode == 0, proc.stderr
     assert (sweep / "report" / "summary.csv").exists()
+    assert "3-densenet40-b4" in (sweep / "report" / "report.html").read_text()  # the page too
     bad = mtbench_cli("report", str(tmp_path / "nowhere"))
     assert bad.returncode == 2 and bad.stderr.strip().startswith("mtbench: error: report:")
 

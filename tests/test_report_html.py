@@ -4,6 +4,7 @@ nothing-measured figures left out and listed, error bars from repeats or from th
 in the shape a run writes; the page is opened in headless Chromium where it is installed."""
 from __future__ import annotations
 
+import csv
 import json
 import os
 import re
@@ -157,8 +158,10 @@ def test_one_batch_axis_everywhere(results, saved):
     assert seen >= 4
 
 
-def test_legends_never_over_the_data(results, saved):
-    make_report(results)
+@pytest.mark.parametrize("names", [("resnet50", "vgg16"), ("resnet50", EVIL)])
+def test_legends_never_over_the_data(tmp_path, saved, names):
+    """Short labels (a legend inside a panel could fit) and long ones alike: the legend is beside the panels."""
+    make_report(write_jobs(tmp_path / "r", [fake_summary(m, b, 0.1 * b, [50.0, 70.0]) for m in names for b in (1, 4)]))
     for name, fig in saved.items():
         renderer = FigureCanvasAgg(fig).get_renderer()  # the report closed the figure: a canvas to measure on
         legends = list(fig.legends) + [ax.get_legend() for ax in fig.axes if ax.get_legend()]
@@ -280,3 +283,26 @@ def test_page_in_headless_chromium(results, tmp_path):
     pixels = matplotlib.image.imread(str(shot))[..., :3].reshape(-1, 3)
     colours, counts = np.unique((pixels * 255).astype(np.uint8), axis=0, return_counts=True)
     assert len(colours) > 1 and counts.max() / counts.sum() < 0.98  # not blank: text, a table, figures
+
+
+BUSY = ["model=squeezenet", "~model.workload.net", "~model.workload.optimizer", "~model.workload.input_shape",
+        "~model.workload.num_classes", "model.workload._target_=tests.fake_workloads.BusyLoop",
+        "+model.workload.seconds=0.01"]
+
+
+def test_a_real_runs_steps_give_its_error_bar(tmp_path, run):
+    """The steps.csv a job writes (not one written here) is what the p10-p90 bar is read from."""
+    from mtbench.report.jobs import find_summaries
+    from mtbench.report.spread import point
+
+    run(BUSY + ["batch=2", "warmup=1", "steps=4"], name="sweep/0")
+    out = make_report(tmp_path / "sweep")
+    (job,), _ = find_summaries(tmp_path / "sweep")
+    with open(tmp_path / "sweep" / "0" / "steps.csv") as f:
+        rows = [r for r in csv.DictReader(f) if r["warmup"] == "0"]
+    durations = [float(r["duration_s"]) for r in rows]
+    assert len(durations) == 4
+    p = point(job, "step_time")
+    assert p.source == "steps"
+    assert (p.lo, p.hi) == pytest.approx((np.percentile(durations, 10), np.percentile(durations, 90)), abs=2e-6)
+    assert "p10-p90" in (out / "report.html").read_text()
