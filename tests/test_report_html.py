@@ -306,3 +306,26 @@ def test_a_real_runs_steps_give_its_error_bar(tmp_path, run):
     assert p.source == "steps"
     assert (p.lo, p.hi) == pytest.approx((np.percentile(durations, 10), np.percentile(durations, 90)), abs=2e-6)
     assert "p10-p90" in (out / "report.html").read_text()
+
+
+def test_energy_bars_from_the_steps_energy_and_from_repeats(tmp_path, saved):
+    """A single run: p10-p90 of its steps' energy_j_total (per sample: / batch); a repeated job: the ci95 of its
+    energy per sample (per step: x batch)."""
+    single = fake_summary("resnet50", 4, 0.2, [50.0, 50.0])
+    single["energy_j"] = {"per_step_mean": 2.0, "total": 10.0, "by_rail": {"VDD_IN": 10.0}, "total_rails": ["VDD_IN"]}
+    group = _repeated("resnet50", 8, [0.4, 0.41, 0.42])
+    group["energy_j"] = {"per_step_mean": 4.0, "total": 20.0, "by_rail": {"VDD_IN": 20.0}, "total_rails": ["VDD_IN"]}
+    group["repeats"]["energy_per_sample_j"] = {"mean": 0.5, "std": 0.02, "ci95": [0.45, 0.55], "values": [0.5] * 3}
+    root = write_jobs(tmp_path / "r", [single, group])
+    energies = [1.0, 1.5, 2.0, 2.5, 3.0]
+    rows = ["index,start_s,end_s,duration_s,warmup,energy_j_VDD_IN,energy_j_total,energy_j_null_reason"]
+    rows += [f"{i},{i * 0.2:.6f},{(i + 1) * 0.2:.6f},0.200000,0,{e},{e}," for i, e in enumerate(energies)]
+    (root / "0-resnet50-b4" / "steps.csv").write_text("\n".join(rows) + "\n")
+    make_report(root)
+    fig = saved["energy.png"]
+    per_step, per_sample = (next(ax for ax in fig.axes if ax.get_title() == t)
+                            for t in ("energy per step", "energy per sample"))
+    lo, hi = np.percentile(energies, 10), np.percentile(energies, 90)
+    assert _spans(per_step, 4) == [(4.0, round(lo, 4), round(hi, 4)), (8.0, round(0.45 * 8, 4), round(0.55 * 8, 4))]
+    assert _spans(per_sample, 4) == [(4.0, round(lo / 4, 4), round(hi / 4, 4)), (8.0, 0.45, 0.55)]
+    assert all(ax.get_ylim()[0] == 0 for ax in fig.axes)
