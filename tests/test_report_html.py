@@ -329,3 +329,12 @@ def test_energy_bars_from_the_steps_energy_and_from_repeats(tmp_path, saved):
     assert _spans(per_step, 4) == [(4.0, round(lo, 4), round(hi, 4)), (8.0, round(0.45 * 8, 4), round(0.55 * 8, 4))]
     assert _spans(per_sample, 4) == [(4.0, round(lo / 4, 4), round(hi / 4, 4)), (8.0, 0.45, 0.55)]
     assert all(ax.get_ylim()[0] == 0 for ax in fig.axes)
+
+
+def test_failed_jobs_alone_are_one_memory_panel(tmp_path, saved):
+    jobs = [{**fake_summary("vgg16", b, 1.0, [None], success=False), "mem_peak_bytes": None,
+             "mem_peak_source": None, "mem_system_peak_bytes": None} for b in (64, 128)]
+    out = make_report(write_jobs(tmp_path / "r", jobs))
+    assert [ax.get_title() for ax in saved["memory.png"].axes] == ["peak memory"]  # where the OOMs are, once
+    assert "peak system memory in use (MemTotal - MemAvailable): not measured: no job succeeded" in \
+        (out / "README.md").read_text()

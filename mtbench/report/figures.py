@@ -144,8 +144,11 @@ def fig_memory(groups, out: Path, not_measured: NotMeasured) -> Optional[str]:
                     "mem_peak_bytes", from_zero=True, mark_failed=True, applies=of(src)) for src in sources]
     panels = panels or [Panel("peak memory", "MiB", _mib(lambda j: value_at(j, "mem_peak_bytes")), "mem_peak_bytes",
                               from_zero=True, mark_failed=True)]
-    panels.append(Panel(SYSTEM_PEAK_TITLE, "MiB", _mib(lambda j: value_at(j, "mem_system_peak_bytes")),
-                        "mem_system_peak_bytes", from_zero=True, mark_failed=True))
+    if any(j.get("success") and value_at(j, "mem_system_peak_bytes") is not None for j in jobs):
+        panels.append(Panel(SYSTEM_PEAK_TITLE, "MiB", _mib(lambda j: value_at(j, "mem_system_peak_bytes")),
+                            "mem_system_peak_bytes", from_zero=True, mark_failed=True))
+    else:  # failures alone are marked once, in the panel above
+        not_measured.append((SYSTEM_PEAK_TITLE, reasons(jobs, "mem_system_peak_bytes")))
     made = lines_figure(groups, panels, not_measured, width_in=6.0)
     return _save(made[0], out / "memory.png") if made else None
 
