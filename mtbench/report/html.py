@@ -181,6 +181,8 @@ def page(jobs: List[Dict[str, Any]], figures: Sequence[str], not_measured: Seque
     body = ["<h1>mtbench report</h1>",
             f'<p class="note">{len(jobs)} job(s) on {len(boards(jobs))} board(s). n/a: {NOT_MEASURED} (or the job '
             f'failed). Click a column\'s header to sort. Job and summary links are relative to this page.</p>',
+            '<p class="note">Beside this page: <a href="summary.csv">summary.csv</a> (every scalar of every job), '
+            '<a href="README.md">README.md</a>.</p>',
             "<nav><ul>", '<li><a href="#jobs">Jobs per board</a></li>',
             *[f'<li><a href="#fig-{k}">{escape(kind_title(kind))}</a></li>' for k, (kind, _) in enumerate(kinds)],
             '<li><a href="#not-measured">Not measured</a></li>' if not_measured else "", "</ul></nav>",
