@@ -338,3 +338,22 @@ def test_failed_jobs_alone_are_one_memory_panel(tmp_path, saved):
     assert [ax.get_title() for ax in saved["memory.png"].axes] == ["peak memory"]  # where the OOMs are, once
     assert "peak system memory in use (MemTotal - MemAvailable): not measured: no job succeeded" in \
         (out / "README.md").read_text()
+
+
+def test_power_bars_of_several_boards_keep_their_labels_apart(tmp_path, saved):
+    """Two Orin Nanos (a ~70-character board name) and a TX2: each bar's label is readable, none runs into the
+    next, and the hosts that tell the two Orins apart stay in them."""
+    from tests.test_report_boards import orin_env, tx2_env
+
+    jobs = [fake_summary("resnet50", b, 0.1, [30.0] * 6, jetson=env, host=host)
+            for env, host in ((orin_env(), "orin-1"), (orin_env(), "orin-2"), (tx2_env(), "tx2")) for b in (2, 4, 8)]
+    for j in jobs:
+        j["power_w"] = {"VDD_IN": 9.0, "VDD_CPU_GPU_CV": 4.0}
+    make_report(write_jobs(tmp_path / "r", jobs))
+    fig = saved["power.png"]
+    renderer = FigureCanvasAgg(fig).get_renderer()
+    labels = fig.axes[0].get_xticklabels()
+    texts = [t.get_text() for t in labels]
+    assert len(set(texts)) == len(texts) == 9 and sum("@ orin-1" in t for t in texts) == 3
+    boxes = [t.get_window_extent(renderer) for t in labels]
+    assert not any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1:])

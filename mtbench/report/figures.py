@@ -105,12 +105,25 @@ def fig_power(groups, out: Path, others: Optional[List[Dict[str, Any]]] = None,
         if rail not in stacked:
             ax.plot(xs, [j["power_w"].get(rail) for j in jobs], "k_", markersize=20, mew=2, label=f"{rail} (total)")
     ax.set_xticks(xs)
-    ax.set_xticklabels([job_label(j, with_board=len(boards(jobs)) > 1) for j in jobs])
+    if len(boards(jobs)) > 1:  # board names are long: one turned line per bar, a name cut in its middle
+        labels = [" ".join(_short(x) for x in job_label(j, with_board=True).split("\n")) for j in jobs]
+        ax.set_xticklabels(labels, rotation=90)
+        fig.set_figheight(4.5 + 0.075 * max(len(x) for x in labels))
+    else:
+        ax.set_xticklabels([job_label(j) for j in jobs])
     ax.set_ylabel("W (mean over measured steps)")
     ax.set_ylim(bottom=0)
     ax.set_title("mean power per rail")
     ax.tick_params(axis="x", labelsize=8)
     return _save(fig, out / "power.png")
+
+
+def _short(text: str, most: int = 40) -> str:
+    """A long board name cut in its middle: its head and its tail (where "@ host" tells two boards apart) stay."""
+    if len(text) <= most:
+        return text
+    tail = (most - 1) // 2
+    return text[:most - 1 - tail] + "\u2026" + text[-tail:]
 
 
 def fig_energy(groups, out: Path, not_measured: NotMeasured) -> Optional[str]:

@@ -88,7 +88,8 @@ def legend_outside(fig) -> None:
                 handles.append(h)
                 labels.append(label)
     if labels:
-        fig.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.0, 0.95), fontsize=8, frameon=False)
+        # centred on the right edge: clear of the panels and of a wide top-right panel title
+        fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8, frameon=False)
 
 
 def save(fig, path: Path) -> str:
