@@ -184,7 +184,8 @@ def test_a_figure_with_nothing_measured_is_left_out_and_listed(results):
         assert f"- {line}" in readme and line in page
     assert "power.png" not in readme and 'alt="power.png"' not in page
     # no model has a breakdown: one line, not one per model
-    assert readme.count("memory breakdown") == 1 and "- memory breakdown: not measured: not in these summaries" in readme
+    assert readme.count("memory breakdown") == 1
+    assert "- memory breakdown: not measured: not in these summaries" in readme
 
 
 def test_page_is_self_contained_escaped_and_links_each_job(results):

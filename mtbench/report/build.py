@@ -79,9 +79,9 @@ def default_out(roots: List[Path]) -> Path:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """`mtbench report DIR [DIR ...] [--out OUT]`."""
     parser.usage = "mtbench report DIR [DIR ...] [--out OUT]"
-    parser.description = ("Writes summary.csv, README.md, report.html and figures of every job (summary.json) under each DIR, a "
-                          "run or multirun folder, keyed by the board each job ran on (several DIRs: e.g. one sweep "
-                          "per board). See docs/reports.md.")
+    parser.description = ("Writes report.html, summary.csv, README.md and figures of every job (summary.json) under "
+                          "each DIR, a run or multirun folder, keyed by the board each job ran on (several DIRs: e.g. "
+                          "one sweep per board). See docs/reports.md.")
     parser.add_argument("dirs", nargs="*", metavar="DIR", help="a run or multirun folder (searched recursively)")
     parser.add_argument("--out", nargs="?", const="", default=None, metavar="OUT",
                         help="where the report goes (default: DIR/report/ for one DIR, the DIRs' common parent's "

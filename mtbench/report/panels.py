@@ -145,9 +145,10 @@ def _draw_panel(ax, groups: Dict[str, List[Dict[str, Any]]], p: Panel, not_measu
             bars = [(x, v) for x, v in pts if v.lo is not None and v.hi is not None]
             if bars:
                 any_bars = True
-                ax.errorbar([x for x, _ in bars], [v.value for _, v in bars],
-                            yerr=[[max(0.0, v.value - v.lo) for _, v in bars], [max(0.0, v.hi - v.value) for _, v in bars]],
-                            fmt="none", ecolor=style[model]["color"], capsize=3, lw=1)
+                below = [max(0.0, v.value - v.lo) for _, v in bars]
+                above = [max(0.0, v.hi - v.value) for _, v in bars]
+                ax.errorbar([x for x, _ in bars], [v.value for _, v in bars], yerr=[below, above], fmt="none",
+                            ecolor=style[model]["color"], capsize=3, lw=1)
         if p.mark_failed:
             for j in js:
                 if not j.get("success"):
