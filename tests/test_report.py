@@ -54,6 +54,7 @@ def test_report_cli(sweep, tmp_path):
     proc = mtbench_cli("report", str(sweep))
     assert proc.returncode == 0, proc.stderr
     assert (sweep / "report" / "summary.csv").exists()
+    assert "3-densenet40-b4" in (sweep / "report" / "report.html").read_text()  # the page too
     bad = mtbench_cli("report", str(tmp_path / "nowhere"))
     assert bad.returncode == 2 and bad.stderr.strip().startswith("mtbench: error: report:")
 
@@ -107,14 +108,14 @@ def test_profile_figure_shows_kernel_energy_beside_host_rows(tmp_path, monkeypat
     job.mkdir()
     (job / "ops.csv").write_text("\n".join(",".join(str(v) for v in row) for row in OPS) + "\n")
     said = []
-    real = report._not_measured
-    monkeypatch.setattr(report, "_not_measured", lambda ax, what: (said.append(what), real(ax, what)))
     name = report.fig_profile({"_dir": "job", "model": "resnet50", "batch_size": 8, "profiled": True}, tmp_path,
-                              tmp_path)
+                              tmp_path, not_measured=said)
     assert name and (tmp_path / name).stat().st_size > 10_000
-    assert "energy per operation" not in said
-    # and where no row has energy (no power sensor), the figure says so
+    assert said == []  # energy measured: both panels
+    # and where no row has energy (no power sensor), the time panel alone, the energy listed as not measured
     (job / "ops.csv").write_text("\n".join(",".join("" if i in (5, 6, 7) and k else str(v) for i, v in enumerate(row))
                                            for k, row in enumerate(OPS)) + "\n")
-    report.fig_profile({"_dir": "job", "model": "resnet50", "batch_size": 8, "profiled": True}, tmp_path, tmp_path)
-    assert "energy per operation" in said
+    report.fig_profile({"_dir": "job", "model": "resnet50", "batch_size": 8, "profiled": True,
+                        "unavailable": {"energy_j": "no sensor in use gives it"}}, tmp_path, tmp_path,
+                       not_measured=said)
+    assert said == [("energy per operation (job)", "no sensor in use gives it")]

@@ -167,16 +167,17 @@ def test_report_table_csv_and_figure_per_core_type(tmp_path, drawn):
     series = {label: ys for label, (xs, ys) in first_panel(drawn, "utilization.png").items()}
     assert series["resnet50: Denver2 (cores 1-2)"] == [65.0, 67.0]
     assert series["resnet50: A57 (cores 0,3-5)"] == [21.5, 22.0]
-    assert drawn["utilization.png bands"] == [0, 0]  # the per-type lines instead of the undifferentiated band
+    # the per-type lines instead of the undifferentiated band; no GPU here: no GPU panel (listed as not measured)
+    assert drawn["utilization.png bands"] == [0]
 
 
 def test_report_without_core_types_stays_as_before(tmp_path, drawn):
     jobs = [fake_summary("resnet50", b, 0.1 * b, [40.0, 60.0]) for b in (2, 4)]
     out = make_report(write_jobs(tmp_path / "x86", jobs))
     assert "core type" not in (out / "README.md").read_text()
-    # the CPU mean and the per-core band around it, as before (no GPU here: that panel says not measured)
+    # the CPU mean and the per-core band around it, as before (no GPU here: no panel, listed as not measured)
     assert [label for label, _, _ in drawn["utilization.png"]] == ["resnet50"]
-    assert drawn["utilization.png bands"] == [1, 0]
+    assert drawn["utilization.png bands"] == [1]
     with open(out / "summary.csv") as f:
         assert not any(k.startswith("cpu_util_pct.by_type") for k in next(csv.DictReader(f)))
 

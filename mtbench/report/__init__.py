@@ -1,9 +1,9 @@
 """`mtbench report DIR [DIR ...]`: the tables and figures of runs and sweeps (found recursively), keyed by board.
 
-summary.csv (one row per job, every scalar of summary.json flattened, failed jobs included), README.md with
-the tables, and PNG figures of the kinds the paper shows, per model across batch sizes, one series per
-(model, board) where the jobs ran on more than one board. A metric a machine did not measure is said to be
-"not measured on this machine" in its figure, never plotted as 0.
+report.html (the report as one self-contained page), summary.csv (one row per job, every scalar of summary.json
+flattened, failed jobs included), README.md with the tables, and PNG figures of the kinds the paper shows, per
+model across batch sizes, one series per (model, board) where the jobs ran on more than one board. A figure or
+panel a machine measured nothing for is left out and listed as "not measured: why", never plotted as 0.
 """
 from __future__ import annotations
 

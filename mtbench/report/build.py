@@ -4,14 +4,15 @@ from __future__ import annotations
 import argparse
 import os
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from mtbench.errors import UsageError
 from mtbench.report.accuracy import fig_accuracy
 from mtbench.report.figures import (fig_energy, fig_memory, fig_memory_breakdown, fig_power, fig_profile, fig_time,
                                     fig_utilization)
+from mtbench.report.html import write_page
 from mtbench.report.pareto import fig_pareto
-from mtbench.report.jobs import assign_boards, by_model, find_summaries, has_batch, root_labels
+from mtbench.report.jobs import assign_boards, by_model, find_summaries, fold_repeats, has_batch, root_labels
 from mtbench.report.tables import csv_columns, readme
 from mtbench.results.files import atomic_write, csv_text
 
@@ -26,7 +27,7 @@ def make_report(roots: Any, out: Optional[Path] = None) -> Path:
         if not root.is_dir():
             raise UsageError(f"report: {root} is not a directory; give a run or multirun folder")
     found = [find_summaries(root, label) for root, label in zip(roots, root_labels(roots))]
-    jobs = [j for js, _ in found for j in js]
+    jobs = fold_repeats([j for js, _ in found for j in js])
     unreadable = [u for _, us in found for u in us]
     if not jobs:
         if unreadable:  # nothing to report: the first bad file, in one line
@@ -55,15 +56,18 @@ def _write_report(jobs: List[Dict[str, Any]], unreadable: List[Dict[str, str]], 
     atomic_write(out / "summary.csv", csv_text(keys, rows))
     groups = by_model(jobs)
     others = [j for j in jobs if not has_batch(j)]  # mtbench-sample runs: no batch axis
-    figures = [fig_power(groups, out, others)]
+    not_measured: List[Tuple[str, str]] = []  # (what, why) of a figure or panel left out: nothing to draw
+    figures = [fig_power(groups, out, others, not_measured)]
     if groups:  # the figures across batch sizes
-        figures = [fig_time(groups, out), fig_utilization(groups, out)] + figures + [fig_energy(groups, out),
-                                                                                    fig_memory(groups, out)]
-        figures.append(fig_memory_breakdown(groups, out))
-    figures += [f for f in (fig_profile(j, Path(j["_root"]), out) for j in jobs if j.get("profiled")) if f]
+        figures = [fig_time(groups, out, not_measured), fig_utilization(groups, out, not_measured)] + figures + [
+            fig_energy(groups, out, not_measured), fig_memory(groups, out, not_measured)]
+        figures.append(fig_memory_breakdown(groups, out, not_measured))
+    figures += [fig_profile(j, Path(j["_root"]), out, not_measured=not_measured) for j in jobs if j.get("profiled")]
     figures += fig_pareto(jobs, out)  # jobs that vary power.*: the time-energy front per model
     figures += fig_accuracy(groups, out)  # runs to a target (until.*): accuracy against time and energy
-    atomic_write(out / "README.md", readme(jobs, figures, unreadable))
+    figures = [f for f in figures if f]  # every figure file written, in order: README.md and report.html show each
+    atomic_write(out / "README.md", readme(jobs, figures, unreadable, not_measured))
+    write_page(jobs, figures, not_measured, unreadable, out)
 
 
 def default_out(roots: List[Path]) -> Path:
@@ -77,9 +81,9 @@ def default_out(roots: List[Path]) -> Path:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """`mtbench report DIR [DIR ...] [--out OUT]`."""
     parser.usage = "mtbench report DIR [DIR ...] [--out OUT]"
-    parser.description = ("Writes summary.csv, README.md and figures of every job (summary.json) under each DIR, a "
-                          "run or multirun folder, keyed by the board each job ran on (several DIRs: e.g. one sweep "
-                          "per board). See docs/reports.md.")
+    parser.description = ("Writes report.html, summary.csv, README.md and figures of every job (summary.json) under "
+                          "each DIR, a run or multirun folder, keyed by the board each job ran on (several DIRs: e.g. "
+                          "one sweep per board). See docs/reports.md.")
     parser.add_argument("dirs", nargs="*", metavar="DIR", help="a run or multirun folder (searched recursively)")
     parser.add_argument("--out", nargs="?", const="", default=None, metavar="OUT",
                         help="where the report goes (default: DIR/report/ for one DIR, the DIRs' common parent's "

@@ -155,3 +155,21 @@ def by_model(jobs: List[Dict[str, Any]]) -> Dict[str, List[Dict[str, Any]]]:
     return {m: sorted(js, key=lambda j: j.get("batch_size") or 0) for m, js in sorted(groups.items())}
 
 
+def job_folder(job: Dict[str, Any]) -> Path:
+    """The folder a job's summary.json is in."""
+    return Path(job.get("_root") or ".") / str(job.get("_rel") or ".")
+
+
+def fold_repeats(jobs: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """The jobs less the single runs of a repeated job (summary["repeats"]["folders"], relative to the group's
+    folder or absolute): the group's summary stands for them, with their spread as its error bars."""
+    members = set()
+    for j in jobs:
+        group = j.get("repeats")
+        folders = group.get("folders") if isinstance(group, dict) else None
+        for f in folders if isinstance(folders, list) else []:
+            if isinstance(f, str) and f:
+                member = os.path.normpath(os.path.join(os.path.abspath(job_folder(j)), f))
+                if member != os.path.normpath(os.path.abspath(job_folder(j))):
+                    members.add(member)
+    return [j for j in jobs if os.path.normpath(os.path.abspath(job_folder(j))) not in members]

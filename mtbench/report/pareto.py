@@ -60,7 +60,7 @@ def fig_pareto(jobs: List[Dict[str, Any]], out: Path) -> List[str]:
                 ax.annotate(label(setting_of(j)), (t, e), fontsize=7, xytext=(4, 4), textcoords="offset points")
             ax.set_xlabel("median step time (s)")
             ax.set_ylabel("energy per sample (J)")
-            ax.legend(fontsize=8)
+            ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # right of the data, never on it
         else:  # no power sensor here: time against the setting, and the figure says so
             order = sorted(points, key=lambda p: label(setting_of(p[2])))
             ax.bar(range(len(order)), [p[0] for p in order], color="C0")

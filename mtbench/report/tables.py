@@ -1,7 +1,7 @@
 """The tables of a report: README.md's job and board tables and summary.csv's columns."""
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from mtbench.results.console import cpu_by_core_type, core_types_line
 from mtbench.results.reader import unreadable_text
@@ -17,9 +17,10 @@ def plan_cell(job: Dict[str, Any]) -> str:
     return ("auto: " if plan.get("setting") == "auto" else "") + " -> ".join(str(x) for x in labels)
 
 
-def readme(jobs: List[Dict[str, Any]], figures: List[str], unreadable: Sequence[Dict[str, str]] = ()) -> str:
+def readme(jobs: List[Dict[str, Any]], figures: List[str], unreadable: Sequence[Dict[str, str]] = (),
+           not_measured: Sequence[Tuple[str, str]] = ()) -> str:
     """README.md: a row per job (a summary.json that cannot be read: a row that says so and why), the boards,
-    the failed jobs, the figures."""
+    the failed jobs, the figures and what was not measured (no figure drawn for it)."""
     def cell(v: Optional[float], spec: str) -> str:
         return "n/a" if v is None else format(v, spec)
 
@@ -49,8 +50,8 @@ def readme(jobs: List[Dict[str, Any]], figures: List[str], unreadable: Sequence[
     for board in boards(jobs):
         js = [j for j in jobs if (j.get("_board") or board_of(j)) == board]
         sources = ", ".join(dict.fromkeys(j.get("_board_from") or board_source(j) for j in js))
-        lines.append(f"| {board} | {len(js)} | {sources} | {_jetson_cell(js, 'l4t')} | "
-                     f"{_jetson_cell(js, 'power_mode')} |")
+        lines.append(f"| {board} | {len(js)} | {sources} | {jetson_cell(js, 'l4t')} | "
+                     f"{jetson_cell(js, 'power_mode')} |")
     unbatched = [j["_dir"] for j in jobs if not has_batch(j)]
     if unbatched:
         lines += ["", f"Without a batch size (`mtbench-sample` runs), in this table and the power figure only, not "
@@ -65,10 +66,13 @@ def readme(jobs: List[Dict[str, Any]], figures: List[str], unreadable: Sequence[
         lines += ["", "## Unreadable summaries", "", "A summary.json that is not one is a row of its own; a field of "
                   "the wrong type is n/a in the tables and figures.", ""] + [f"- {d}: {why}" for d, why in bad]
     lines += ["", "## Figures", ""] + [f"![{f}]({f})" for f in figures]
+    if not_measured:
+        lines += ["", "## Not measured", "", "Left out of the figures: nothing to draw.", ""] + [
+            f"- {what}: not measured: {why}" for what, why in not_measured]
     return "\n".join(lines) + "\n"
 
 
-def _jetson_cell(jobs: List[Dict[str, Any]], key: str) -> str:
+def jetson_cell(jobs: List[Dict[str, Any]], key: str) -> str:
     """A Jetson field over a board's jobs: one value, or each value seen (a TX2 compared across power modes)."""
     seen = []
     for j in [j for j in jobs if isinstance((j.get("env") or {}).get("jetson"), dict)] or jobs:
