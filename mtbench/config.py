@@ -18,6 +18,8 @@ from mtbench.errors import UsageError
 LOCK_MODES = ("wait", "fail", "off")  # device_lock: wait for another job's device, fail at once, or no lock
 # what a job returns to a Hydra sweeper (`objective=...`), and the direction a sweeper should take
 OBJECTIVES = {"step_time_s": "minimize", "throughput": "maximize", "energy_per_sample_j": "minimize"}
+# Zeus's weighted time-energy cost per sample: objective_eta x energy + (1 - objective_eta) x max power x time, in J
+OBJECTIVES["energy_time_cost_j"] = "minimize"
 
 # Config groups whose option a user picks on the command line (`model=vgg19`); each is a folder in conf/.
 GROUPS = ("model", "data", "device", "sampler", "target", "experiment")
@@ -287,6 +289,13 @@ def _watts(v: Any) -> float:
     return v
 
 
+def _fraction(key: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+        raise UsageError(f"{key}={_short(value)} is not allowed; allowed: a number 0-1 (1: energy alone, 0: time "
+                         "alone)")
+    return value
+
+
 def _mode(v: Any) -> Any:
     assert (isinstance(v, str) and v) or (isinstance(v, int) and not isinstance(v, bool) and v >= 0)
     return v
@@ -307,6 +316,8 @@ SCHEMA: Dict[str, Any] = {
     "resume": _boolean,
     "allow_parallel": _boolean,
     "objective": _one_of(*OBJECTIVES),
+    "objective_eta": _fraction,
+    "objective_max_power_w": _null_or(_watts, "a number of W > 0 (the device's highest power draw)"),
     "device_lock": _one_of(*LOCK_MODES),
     "sampler.mode": _one_of(*SAMPLER_MODES),
     "sampler.interval_ms": lambda key, value: interval_ms(key, value),
