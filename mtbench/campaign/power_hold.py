@@ -1,17 +1,23 @@
 """One restore per sweep: a sweep's jobs keep their power settings between them (a job with the same ones as the
 job before changes nothing) and the sweep restores the device once, at its end, whatever ends it. Before the first
 job a restore file that a run which died left behind is applied (said in one line), and the permissions every job's
-power.* keys need are checked before any job runs."""
+power.* keys need are checked before any job runs. Registers the resolvers the power presets use
+(conf/experiment/powermodes.yaml, cores.yaml): the board's nvpmodel modes and core counts as sweep lists."""
 from __future__ import annotations
 
 import json
 import os
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
+
+from omegaconf import OmegaConf
 
 from mtbench.config import override_values
-from mtbench.device import power, power_record as machine
+from mtbench.device import power, power_record as machine, power_sysfs
 from mtbench.errors import UsageError
 from mtbench.job import signals
+
+OmegaConf.register_new_resolver("mtbench_nvpmodel_modes", power_sysfs.mode_list, replace=True)
+OmegaConf.register_new_resolver("mtbench_core_counts", power_sysfs.core_counts, replace=True)
 
 # launchers that run a sweep's jobs in this process, one after another: the sweep's record can live here
 IN_PROCESS = ("hydra._internal.core_plugins.basic_launcher.BasicLauncher",)
@@ -19,7 +25,7 @@ IN_PROCESS = ("hydra._internal.core_plugins.basic_launcher.BasicLauncher",)
 
 def asks_power(cfg: Any) -> bool:
     node = cfg.get("power") or {}
-    return any(v not in (None, False) for k, v in node.items() if k != "sysfs_root")
+    return any(v is not None and v is not False for k, v in node.items() if k != "sysfs_root")
 
 
 class SweepPower:
@@ -75,30 +81,33 @@ SWEEP = SweepPower()
 
 
 def power_problem(config: Any) -> Optional[str]:
-    """Why a sweep's power.* keys cannot be set by this user (write access to each file they change; NVML's keys
-    need root), said before any job runs; None where they can (or none is asked)."""
+    """Why a sweep's power.* values cannot be set here (a value the board does not have, a file this user may not
+    write, NVML's keys without root), said before any job runs; None where they can (or none is asked)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     params = config.hydra.sweeper.get("params") or {}
     typed = [f"{k}={v}" for k, v in params.items()] + list(config.hydra.overrides.task)
-    asked: Dict[str, Any] = {k: v for k, v in (config.get("power") or {}).items()}
-    for override in OverridesParser.create().parse_overrides(typed):
+    first: Dict[str, Any] = {k: v for k, v in (config.get("power") or {}).items()}
+    every: Dict[str, List[Any]] = {}
+    for override in OverridesParser.create().parse_overrides(typed):  # the command line's come last and win
         key = override.key_or_group
-        if key.startswith("power.") and key != "power.sysfs_root":
-            values = [v for v in (override_values(override) or []) if v not in (None, False, "null")]
-            if values:
-                asked[key[len("power."):]] = values[0]
-    if not any(v not in (None, False) for k, v in asked.items() if k != "sysfs_root"):
+        if key.startswith("power.") and key[len("power."):] in power.KEYS:
+            every[key[len("power."):]] = [v for v in (override_values(override) or []) if v is not None]
+    for key, values in every.items():
+        first[key] = values[0] if values else None
+    if not any(v is not None and v is not False for k, v in first.items() if k != "sysfs_root"):
         return None
-    if (asked.get("gpu_power_limit_w") is not None or asked.get("gpu_locked_clocks_mhz") is not None) \
+    if (first.get("gpu_power_limit_w") is not None or first.get("gpu_locked_clocks_mhz") is not None) \
             and os.geteuid() != 0:
         return ("power.gpu_power_limit_w / power.gpu_locked_clocks_mhz: NVML sets them for root only; run as root "
                 "(sudo) or leave them null")
-    probe = {"power": {k: v for k, v in asked.items() if k in power.KEYS or k == "sysfs_root"},
-             "sampler": {"sysfs_root": (config.get("sampler") or {}).get("sysfs_root")}}
-    control = power.PowerControl(probe, os.devnull, None)
+    sampler_root = (config.get("sampler") or {}).get("sysfs_root")
+    trials = [first] + [{**first, key: value} for key, values in every.items() for value in values[1:]]
     try:
-        control.check_access(power.fs.is_jetson(control.root))
+        for trial in trials:
+            probe = {"power": {k: v for k, v in trial.items() if k in power.KEYS or k == "sysfs_root"},
+                     "sampler": {"sysfs_root": sampler_root}}
+            power.PowerControl(probe, os.devnull, None).check()
     except UsageError as exc:
         return str(exc)
     return None

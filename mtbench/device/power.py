@@ -49,13 +49,14 @@ class PowerControl:
 
     @property
     def active(self) -> bool:
-        return any(v not in (None, False) for v in self.asked.values())
+        # `is not`: power.nvpmodel=0 (MAXN) and cpu_cores=0 are values, not "unset" (0 == False in Python)
+        return any(v is not None and v is not False for v in self.asked.values())
 
     def summary(self) -> Optional[Dict[str, Any]]:
         """summary.json's power_mode: what was asked, what the device reports, the clocks it clamped."""
         if not self.active:
             return None
-        return {"asked": {k: v for k, v in self.asked.items() if v not in (None, False)},
+        return {"asked": {k: v for k, v in self.asked.items() if v is not None and v is not False},
                 "read_back": self.read_back, "clamped": list(self.clamped)}
 
     # -- apply --------------------------------------------------------------------------------------------------
@@ -99,6 +100,20 @@ class PowerControl:
             else {}
         self.read_back = {**self._read_back(cores), **back}
         self._say_clamps()
+
+    def check(self) -> None:
+        """What `apply` checks before it changes anything (a sweep's values, before its first job): UsageError."""
+        jetson = fs.is_jetson(self.root)
+        self.check_access(jetson)
+        if self.asked["nvpmodel"] is not None:
+            self._mode_id()
+            if shutil.which("nvpmodel") is None:
+                raise UsageError(f"power.nvpmodel={self.asked['nvpmodel']!r}: no nvpmodel program on PATH (JetPack's "
+                                 "nvpmodel)")
+        if self.asked["cpu_cores"] is not None:
+            self._cores(jetson)
+        if self.asked["governor"] is not None:
+            self._check_governor()
 
     def check_access(self, jetson: bool) -> List[str]:
         """The files the asked keys may change; UsageError (one line) where this user may not write one of them."""

@@ -16,7 +16,7 @@ from mtbench.results.files import atomic_write  # noqa: E402
 def setting_of(job: Dict[str, Any]) -> Dict[str, Any]:
     """The power.* keys a job asked for (null ones left out)."""
     power = (job.get("config") or {}).get("power") or {}
-    return {k: v for k, v in power.items() if v not in (None, False) and k != "sysfs_root"}
+    return {k: v for k, v in power.items() if v is not None and v is not False and k != "sysfs_root"}
 
 
 def label(setting: Dict[str, Any]) -> str:
