@@ -265,3 +265,31 @@ def test_energy_time_cost_without_a_max_power_is_one_line_before_any_job(tmp_pat
 def test_weights_out_of_range_are_refused(override, allowed):
     with pytest.raises(UsageError, match=allowed):
         check_overrides([override])
+
+
+# -- the report where energy is not measured ---------------------------------------------------------------------
+
+def test_without_energy_the_figure_is_time_against_the_one_knob_and_says_so(tmp_path):
+    from mtbench.report.pareto import fig_pareto, knob_axis
+
+    def one(cores, seconds, mode=0):
+        return {"model": "resnet50", "batch_size": 8, "success": True, "step_time_s": {"median": seconds},
+                "energy_j": None, "config": {"power": {"cpu_cores": cores, "nvpmodel": mode, "sysfs_root": None}}}
+
+    jobs = [one(2, 1.1), one(1, 2.0)]
+    assert knob_axis(jobs) == "cpu_cores"  # nvpmodel=0 is the same in both: a setting, not a knob
+    assert knob_axis([one(1, 2.0), one(2, 1.1, mode=1)]) is None  # two knobs vary: one bar per setting
+    assert knob_axis([one([0, 2], 2.0), one([0, 1], 1.1)]) is None  # core lists are not an axis
+    assert fig_pareto(jobs, tmp_path) == ["pareto_resnet50.png"]
+    assert (tmp_path / "pareto.md").read_text().splitlines()[-1] == (
+        "resnet50: energy per sample is not measured here (no power sensor); pareto_resnet50.png shows median "
+        "step time against power.cpu_cores instead.")
+
+
+def test_nvpmodel_0_is_set_not_taken_for_unset(board, tmp_path):
+    make_power_board(board, "orin", mode=1)
+    ctl = job(board, tmp_path, tmp_path / "job", nvpmodel=0)
+    assert (board / STATUS).read_text() == "pmode:0000\n" and calls(tmp_path) == ["-m 0"]
+    assert ctl.summary()["asked"] == {"nvpmodel": 0}
+    ctl.restore()
+    assert (board / STATUS).read_text() == "pmode:0001\n"
