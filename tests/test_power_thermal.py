@@ -95,8 +95,8 @@ def test_step_columns_mean_temperature_highest_throttle_and_the_last_reading_for
 
 def test_a_job_writes_each_zones_temperature_per_step(run, tmp_path):
     make_thermal(tmp_path / "root", ORIN_ZONES, ORIN_COOLING)
-    summary = run(["model=squeezenet", "batch=1", "steps=2", "sampler.sensors=[procfs,thermal]", f"sampler.sysfs_root={tmp_path / 'root'}",
-                              "sampler.options.thermal.every_ms=0"])
+    summary = run(["model=squeezenet", "batch=1", "steps=2", "sampler.sensors=[procfs,thermal]",
+                   f"sampler.sysfs_root={tmp_path / 'root'}", "sampler.options.thermal.every_ms=0"])
     assert summary["success"], summary["failure"]
     thermal = [s for s in summary["sampler"]["sensors"] if s["name"] == "thermal"][0]
     assert thermal["available"] and "temp_gpu_therm_mc" in thermal["fields"]

@@ -70,7 +70,7 @@ class SweepPower:
             return
         if found is None or found.get("pid") != os.getpid():
             return
-        if found.get("root"):
+        if found.get("files") or found.get("nvpmodel") is not None or found.get("nvml"):  # a cores-only sweep: none
             with signals.stop_signals_deferred():  # a second Ctrl-C or SIGTERM waits for the restore
                 power.restore_record(found)
             power.say(f"the sweep has ended: restored the device's settings as it found them (from {path})")
