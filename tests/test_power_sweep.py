@@ -149,6 +149,9 @@ def test_a_sweeps_jobs_keep_their_settings_and_the_sweep_restores_once(board, tm
     ctl.restore()
     assert calls(tmp_path) == ["-m 1", "-m 0"] and (board / STATUS).read_text() == "pmode:0000\n"
     assert (board / MAX_KHZ).read_text() == "729600\n"
+    job(board, locks, tmp_path / "job3").restore()  # no power.* at all: the device as the sweep found it
+    assert files_of(board) == before and calls(tmp_path) == ["-m 1", "-m 0"]
+    ctl = job(board, locks, tmp_path / "job4", nvpmodel=2)
     hold.close()
     assert files_of(board) == before and not (locks / power_record.NAME).exists()
     assert power_record.HOLD_ENV not in os.environ

@@ -85,8 +85,9 @@ def power_problem(config: Any) -> Optional[str]:
     write, NVML's keys without root), said before any job runs; None where they can (or none is asked)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    params = config.hydra.sweeper.get("params") or {}
-    typed = [f"{k}={v}" for k, v in params.items()] + list(config.hydra.overrides.task)
+    hydra = config.get("hydra") or {}
+    params = (hydra.get("sweeper") or {}).get("params") or {}
+    typed = [f"{k}={v}" for k, v in params.items()] + list((hydra.get("overrides") or {}).get("task") or [])
     first: Dict[str, Any] = {k: v for k, v in (config.get("power") or {}).items()}
     every: Dict[str, List[Any]] = {}
     for override in OverridesParser.create().parse_overrides(typed):  # the command line's come last and win

@@ -63,18 +63,16 @@ class PowerControl:
     def apply(self) -> None:
         """Check every knob asked (UsageError: one line, nothing changed), record what the device has, then set."""
         if not self.active:
+            if self.hold is not None:  # a sweep's job without power.* after one with: the device as the sweep found it
+                held = self._claim(self.hold["path"])
+                if held is not None and held.get("last_asked") != self.asked:
+                    restore_record(held)
+                    machine.write(self.hold["path"], {**held, "last_asked": self.asked})
             return
         a, root = self.asked, self.root
-        jetson = fs.is_jetson(root)
-        files = self.check_access(jetson)
-        mode = self._mode_id() if a["nvpmodel"] is not None else None
-        if mode is not None and shutil.which("nvpmodel") is None:
-            raise UsageError(f"power.nvpmodel={a['nvpmodel']!r}: no nvpmodel program on PATH (JetPack's nvpmodel)")
-        cores = self._cores(jetson) if a["cpu_cores"] is not None else None
-        if a["governor"] is not None:
-            self._check_governor()
+        jetson, files, mode, cores = self.check()
         gpu_index = self._gpu_index()
-        path = machine.path_in(self.lock_dir)
+        path = self.hold["path"] if self.hold is not None else machine.path_in(self.lock_dir)
         held = self._claim(path)  # a leftover of a run that died is restored first
         unchanged = held is not None and held.get("last_asked") == self.asked  # the sweep's job before asked the same
         if held is not None and held.get("root") and not unchanged:  # as the sweep found the device, then this job's
@@ -101,19 +99,18 @@ class PowerControl:
         self.read_back = {**self._read_back(cores), **back}
         self._say_clamps()
 
-    def check(self) -> None:
-        """What `apply` checks before it changes anything (a sweep's values, before its first job): UsageError."""
-        jetson = fs.is_jetson(self.root)
-        self.check_access(jetson)
-        if self.asked["nvpmodel"] is not None:
-            self._mode_id()
-            if shutil.which("nvpmodel") is None:
-                raise UsageError(f"power.nvpmodel={self.asked['nvpmodel']!r}: no nvpmodel program on PATH (JetPack's "
-                                 "nvpmodel)")
-        if self.asked["cpu_cores"] is not None:
-            self._cores(jetson)
-        if self.asked["governor"] is not None:
+    def check(self) -> Tuple[bool, List[str], Optional[int], Optional[List[int]]]:
+        """What `apply` checks before it changes anything (also a sweep's values, before its first job): UsageError
+        (one line); else (a Jetson?, the files the keys may change, the nvpmodel mode id, the cores)."""
+        a, jetson = self.asked, fs.is_jetson(self.root)
+        files = self.check_access(jetson)
+        mode = self._mode_id() if a["nvpmodel"] is not None else None
+        if mode is not None and shutil.which("nvpmodel") is None:
+            raise UsageError(f"power.nvpmodel={a['nvpmodel']!r}: no nvpmodel program on PATH (JetPack's nvpmodel)")
+        cores = self._cores(jetson) if a["cpu_cores"] is not None else None
+        if a["governor"] is not None:
             self._check_governor()
+        return jetson, files, mode, cores
 
     def check_access(self, jetson: bool) -> List[str]:
         """The files the asked keys may change; UsageError (one line) where this user may not write one of them."""
