@@ -59,6 +59,7 @@ class SweepPower:
 
     def close(self) -> None:
         """The sweep's end (success, an error, Ctrl-C, SIGTERM): restore what its jobs changed, once."""
+        self.started = False  # a next run in this process (tests call main() again) checks for leftovers again
         if self.path is None:
             return
         path, self.path = self.path, None
