@@ -296,3 +296,15 @@ def test_nvpmodel_0_is_set_not_taken_for_unset(board, tmp_path):
     assert ctl.summary()["asked"] == {"nvpmodel": 0}
     ctl.restore()
     assert (board / STATUS).read_text() == "pmode:0001\n"
+
+
+def test_cores_alone_off_a_jetson_leave_no_machine_file_and_meet_no_other_run(tmp_path, monkeypatch):
+    monkeypatch.delenv(power_record.HOLD_ENV, raising=False)
+    record = tmp_path / power_record.NAME
+    power_record.write(str(record), {"root": "/", "files": [], **power_record.owner(os.getppid())})  # another run's
+    ctl = job(tmp_path / "not-a-jetson", tmp_path, tmp_path / "job", cpu_cores=1)  # changes only this process
+    ctl.restore()
+    assert json.loads(record.read_text())["pid"] == os.getppid()  # the other run's file, untouched
+    record.unlink()
+    job(tmp_path / "not-a-jetson", tmp_path, tmp_path / "job", cpu_cores=1).restore()
+    assert not record.exists()

@@ -73,7 +73,9 @@ class PowerControl:
         jetson, files, mode, cores = self.check()
         gpu_index = self._gpu_index()
         path = self.hold["path"] if self.hold is not None else machine.path_in(self.lock_dir)
-        held = self._claim(path)  # a leftover of a run that died is restored first
+        # cores alone off a Jetson change only this process (affinity, threads): no machine file, no other run's
+        device_wide = bool(files) or mode is not None or gpu_index is not None
+        held = self._claim(path) if device_wide or self.hold is not None else None  # a dead run's leftover first
         unchanged = held is not None and held.get("last_asked") == self.asked  # the sweep's job before asked the same
         if held is not None and held.get("root") and not unchanged:  # as the sweep found the device, then this job's
             restore_record(held)
@@ -82,12 +84,13 @@ class PowerControl:
                   "nvml": nvml.snapshot(gpu_index) if gpu_index is not None else None,
                   "nvml_locked": a["gpu_locked_clocks_mhz"] is not None}
         # before any change: the machine's file (a crash of mtbench itself) and, outside a sweep, the job's own
-        if self.hold is not None:
+        if self.hold is not None and (device_wide or held is not None):
             machine.write(path, {**machine.merge(held or {}, record), "pid": self.hold["pid"],
                                  "start": self.hold["start"], "last_asked": self.asked})
-        else:
-            record.update(machine.owner(), machine_file=path)
-            machine.write(path, {**record, "job_record": str(self.record_path)})
+        elif self.hold is None:
+            if device_wide:
+                record.update(machine.owner(), machine_file=path)
+                machine.write(path, {**record, "job_record": str(self.record_path)})
             self._write_record(record)
         if mode is not None and not unchanged:  # first: a mode sets cores and clocks that the keys below refine
             self._nvpmodel(mode)
