@@ -305,6 +305,11 @@ def test_cores_alone_off_a_jetson_leave_no_machine_file_and_meet_no_other_run(tm
     ctl = job(tmp_path / "not-a-jetson", tmp_path, tmp_path / "job", cpu_cores=1)  # changes only this process
     ctl.restore()
     assert json.loads(record.read_text())["pid"] == os.getppid()  # the other run's file, untouched
+    monkeypatch.setenv(power_record.HOLD_ENV, json.dumps({"path": str(record), **power_record.owner()}))  # a sweep's
+    job(tmp_path / "not-a-jetson", tmp_path, tmp_path / "job", cpu_cores=1).restore()
+    job(tmp_path / "not-a-jetson", tmp_path, tmp_path / "job").restore()  # no power.* at all
+    assert json.loads(record.read_text())["pid"] == os.getppid()
+    monkeypatch.delenv(power_record.HOLD_ENV)
     record.unlink()
     job(tmp_path / "not-a-jetson", tmp_path, tmp_path / "job", cpu_cores=1).restore()
     assert not record.exists()

@@ -64,7 +64,7 @@ class PowerControl:
         """Check every knob asked (UsageError: one line, nothing changed), record what the device has, then set."""
         if not self.active:
             if self.hold is not None:  # a sweep's job without power.* after one with: the device as the sweep found it
-                held = self._claim(self.hold["path"])
+                held = self._claim(self.hold["path"], device_wide=False)
                 if held is not None and held.get("last_asked") != self.asked:
                     restore_record(held)
                     machine.write(self.hold["path"], {**held, "last_asked": self.asked})
@@ -75,7 +75,7 @@ class PowerControl:
         path = self.hold["path"] if self.hold is not None else machine.path_in(self.lock_dir)
         # cores alone off a Jetson change only this process (affinity, threads): no machine file, no other run's
         device_wide = bool(files) or mode is not None or gpu_index is not None
-        held = self._claim(path) if device_wide or self.hold is not None else None  # a dead run's leftover first
+        held = self._claim(path, device_wide) if device_wide or self.hold is not None else None  # a dead run's first
         unchanged = held is not None and held.get("last_asked") == self.asked  # the sweep's job before asked the same
         if held is not None and held.get("root") and not unchanged:  # as the sweep found the device, then this job's
             restore_record(held)
@@ -124,9 +124,10 @@ class PowerControl:
                              f"({len(denied)} file(s)); run as root (sudo) or leave power.* null")
         return files
 
-    def _claim(self, path: str) -> Optional[Dict[str, Any]]:
+    def _claim(self, path: str, device_wide: bool) -> Optional[Dict[str, Any]]:
         """The sweep's record at `path` (None outside a sweep, or before its first change); a record a run left
-        that died is restored and removed, one line said; another live run's is a UsageError."""
+        that died is restored and removed, one line said; another live run's is a UsageError where this job
+        changes the device (`device_wide`), else left alone."""
         found = machine.read(path)
         if found is None:
             return None
@@ -134,6 +135,8 @@ class PowerControl:
         if hold is not None and found.get("pid") == hold["pid"] and found.get("start") == hold["start"]:
             return found
         if machine.alive(found) and found.get("pid") != os.getpid():  # this process's own: a job that did not restore
+            if not device_wide:
+                return None
             raise UsageError(f"another mtbench run (pid {found.get('pid')}) has changed this device's power settings "
                              f"and will restore them ({path}); wait for it to end, or leave power.* null")
         restore_leftover(path, found)
