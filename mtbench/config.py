@@ -20,6 +20,8 @@ LOCK_MODES = ("wait", "fail", "off")  # device_lock: wait for another job's devi
 OBJECTIVES = {"step_time_s": "minimize", "throughput": "maximize", "energy_per_sample_j": "minimize"}
 # a run to a target (until.*): the training time and energy it took, +inf where the target was not met
 OBJECTIVES.update({"time_to_target_s": "minimize", "energy_to_target_j": "minimize"})
+# Zeus's weighted time-energy cost per sample: objective_eta x energy + (1 - objective_eta) x max power x time, in J
+OBJECTIVES["energy_time_cost_j"] = "minimize"
 
 # Config groups whose option a user picks on the command line (`model=vgg19`); each is a folder in conf/.
 GROUPS = ("model", "data", "device", "sampler", "target", "experiment", "logger")
@@ -289,12 +291,19 @@ def _watts(v: Any) -> float:
     return v
 
 
+def _eta(key: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+        raise UsageError(f"{key}={_short(value)} is not allowed; allowed: a number 0-1 (1: energy alone, 0: time "
+                         "alone)")
+    return value
+
+
 def _mode(v: Any) -> Any:
     assert (isinstance(v, str) and v) or (isinstance(v, int) and not isinstance(v, bool) and v >= 0)
     return v
 
 
-def _fraction(v: Any) -> float:  # an accuracy: a share of the held-out samples
+def _accuracy(v: Any) -> float:  # an accuracy: a share of the held-out samples
     assert isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v <= 1
     return float(v)
 
@@ -319,6 +328,8 @@ SCHEMA: Dict[str, Any] = {
     "resume": _boolean,
     "allow_parallel": _boolean,
     "objective": _one_of(*OBJECTIVES),
+    "objective_eta": _eta,
+    "objective_max_power_w": _null_or(_watts, "a number of W > 0 (the device's highest power draw)"),
     "device_lock": _one_of(*LOCK_MODES),
     "sampler.mode": _one_of(*SAMPLER_MODES),
     "sampler.interval_ms": lambda key, value: interval_ms(key, value),
@@ -350,7 +361,7 @@ SCHEMA: Dict[str, Any] = {
     "repeat": lambda key, value: repeat_count(key, value),
     "logger.name": _one_of("none", "csv", "tensorboard", "mlflow", "wandb"),
     "logger.mode": _one_of("offline", "online", "disabled"),
-    "until.accuracy": _null_or(_fraction, "a held-out top-1 accuracy 0 < A <= 1 (0.94 for 94 %)"),
+    "until.accuracy": _null_or(_accuracy, "a held-out top-1 accuracy 0 < A <= 1 (0.94 for 94 %)"),
     "until.loss": _null_or(_loss, "a training loss > 0"),
     "until.eval_every": _whole(1),
 }

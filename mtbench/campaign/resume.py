@@ -13,6 +13,7 @@ from mtbench.config import OBJECTIVES
 
 # keys that change how a job is run, not what it measures: a resumed sweep may differ in them
 NOT_MEASURED_KEYS = ("resume", "device_lock", "lock_dir", "allow_parallel", "objective", "logger")
+NOT_MEASURED_KEYS += ("objective_eta", "objective_max_power_w")
 
 
 def finished_summary(out_dir: str, cfg: DictConfig) -> Optional[Dict[str, Any]]:
@@ -67,6 +68,37 @@ def objective_value(summary: Dict[str, Any], objective: str) -> float:
             value = None if per_step is None else per_step / summary["batch_size"]
         elif objective in ("time_to_target_s", "energy_to_target_j"):  # null where the target was not met
             value = summary.get(objective)
+        elif objective == "energy_time_cost_j":
+            value = energy_time_cost_j(summary)
     if value is None:
         return math.inf if OBJECTIVES[objective] == "minimize" else -math.inf
     return float(value)
+
+
+def max_power_w(cfg: Any) -> Optional[float]:
+    """The max power that weighs time in energy_time_cost_j: objective_max_power_w, else the target's max_power_w
+    (a board's highest draw in its fastest mode), else None."""
+    given = cfg.get("objective_max_power_w")
+    target = cfg.get("target") or {}
+    return given if given is not None else target.get("max_power_w")
+
+
+def cost_problem(cfg: Any) -> Optional[str]:
+    """Why objective=energy_time_cost_j cannot be computed for this config (said before any job runs), or None."""
+    if cfg.get("objective") != "energy_time_cost_j" or max_power_w(cfg) is not None:
+        return None
+    return ("objective=energy_time_cost_j weighs time by the device's max power, and none is known; allowed: "
+            "objective_max_power_w=W (e.g. 60 for an AGX Orin in MAXN, 15 for a TX2, the GPU's top power limit)")
+
+
+def energy_time_cost_j(summary: Dict[str, Any]) -> Optional[float]:
+    """Zeus's cost per sample, eta x energy + (1 - eta) x max power x time (J): eta and the max power from the
+    config the summary records (a resumed job's are the sweep's: see commands/cli.py); None without energy."""
+    config = summary.get("config") or {}
+    eta, top_w = config.get("objective_eta", 0.5), max_power_w(config)
+    per_step = (summary.get("energy_j") or {}).get("per_step_mean")
+    step_s = (summary.get("step_time_s") or {}).get("median")
+    if per_step is None or step_s is None or top_w is None or not summary.get("batch_size"):
+        return None
+    return (eta * per_step + (1 - eta) * top_w * step_s) / summary["batch_size"]
+

@@ -14,6 +14,8 @@ from typing import Any, List, Optional
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
+from mtbench.campaign.power_hold import power_problem
+from mtbench.campaign.resume import cost_problem
 from mtbench.config import override_values
 from mtbench.errors import print_error
 
@@ -47,8 +49,9 @@ def sweep_problem(config: DictConfig) -> Optional[str]:
     if parallel and not config.get("allow_parallel", False):
         return (f"{parallel} on this machine, and jobs that measure one device at once spoil each other's figures; "
                 "allow_parallel=true runs them anyway (each job still waits for the device lock)")
-    if config.get("objective") == "energy_per_sample_j" and list(config.sampler.sensors) == ["procfs"]:
-        return ("objective=energy_per_sample_j needs a power sensor and sampler=procfs has none; allowed: "
+    if config.get("objective") in ("energy_per_sample_j", "energy_time_cost_j") and \
+            list(config.sampler.sensors) == ["procfs"]:
+        return (f"objective={config.get('objective')} needs a power sensor and sampler=procfs has none; allowed: "
                 "sampler=jetson, jtop, nvml, rapl or auto")
     to_target = config.get("objective") in ("time_to_target_s", "energy_to_target_j")  # runs to a target (until.*)
     if to_target and all((config.get("until") or {}).get(k) is None for k in ("accuracy", "loss")):
@@ -56,6 +59,10 @@ def sweep_problem(config: DictConfig) -> Optional[str]:
     if config.get("objective") == "energy_to_target_j" and list(config.sampler.sensors) == ["procfs"]:
         return ("objective=energy_to_target_j needs a power sensor and sampler=procfs has none; allowed: "
                 "sampler=jetson, jtop, nvml, rapl or auto")
+    if cost_problem(config):
+        return cost_problem(config)
+    if power_problem(config):  # power.* keys this user may not set: before any job, not at the first that asks
+        return power_problem(config)
     return None
 
 

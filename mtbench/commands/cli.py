@@ -14,7 +14,8 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from mtbench.campaign.folders import claim_explicit_dirs, free_dir
-from mtbench.campaign.resume import finished_summary, objective_value
+from mtbench.campaign.power_hold import SWEEP
+from mtbench.campaign.resume import cost_problem, finished_summary, objective_value
 from mtbench.commands import registry
 from mtbench.config import GROUPS, check_composed, check_overrides, check_targets, conf_dir, group_options
 from mtbench.errors import UsageError, print_error
@@ -36,14 +37,19 @@ def hydra_app(cfg: DictConfig) -> float:
     try:
         # the composed values (an experiment YAML sets them too) and every _target_, in the parent, before the job
         objective = check_composed(cfg)
+        if cost_problem(cfg):  # objective=energy_time_cost_j without a max power to weigh time by
+            raise UsageError(cost_problem(cfg))
         if cfg.get("resume", False):
             done = finished_summary(hydra_cfg.runtime.output_dir, cfg)
             if done is not None:
                 result = "ok" if done.get("success") else (done.get("failure") or {}).get("kind", "failed")
                 print(f"    resume: {hydra_cfg.runtime.output_dir} holds this job's result ({result}); not run again",
                       flush=True)
-                return objective_value(done, objective)
+                # the sweep's own eta and max power weigh a resumed job's figures (energy_time_cost_j)
+                return objective_value({**done, "config": OmegaConf.to_container(cfg, resolve=True)}, objective)
         check_targets(cfg)
+        # before the first job: a power restore file a run that died left is applied; a sweep restores once, at its end
+        SWEEP.before_job(cfg, hydra_cfg.mode == RunMode.MULTIRUN, str(hydra_cfg.launcher.get("_target_", "")))
         # the job trains in a child process (repeat=N: N of them, one after the other)
         summary = run_repeats(cfg, hydra_cfg.runtime.output_dir)
     except UsageError as exc:
@@ -98,6 +104,8 @@ def main(argv: Optional[List[str]] = None) -> None:
 
         print(f"mtbench: {'interrupted' if stop_signal(exc) == 2 else 'terminated by ' + str(exc)}", file=sys.stderr)
         sys.exit(exit_code(exc))  # 130 for Ctrl-C, 143 for SIGTERM, 129 for SIGHUP, as a shell reports them
+    finally:
+        SWEEP.close()  # the device's power settings as the sweep found them, whatever ended it
 
 
 if __name__ == "__main__":

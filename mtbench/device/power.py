@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 from mtbench.config import setting
-from mtbench.device import power_nvml as nvml, power_sysfs as fs
+from mtbench.device import power_nvml as nvml, power_record as machine, power_sysfs as fs
 from mtbench.errors import UsageError
 from mtbench.regular_files import read_regular
 
@@ -42,43 +42,57 @@ class PowerControl:
         self.read_back: Optional[Dict[str, Any]] = None
         self.clamped: List[str] = []
         self.saved: Optional[Tuple[Any, int]] = None  # this process's CPU affinity and torch threads before
+        self.lock_dir = machine.lock_dir_of(cfg)  # where the machine's restore file lives (power_record.py)
+        # set in a sweep's jobs (campaign/power_hold.py): {path, pid, start} of the sweep's record; the sweep restores
+        hold = os.environ.get(machine.HOLD_ENV)
+        self.hold: Optional[Dict[str, Any]] = json.loads(hold) if hold else None
 
     @property
     def active(self) -> bool:
-        return any(v not in (None, False) for v in self.asked.values())
+        # `is not`: power.nvpmodel=0 (MAXN) and cpu_cores=0 are values, not "unset" (0 == False in Python)
+        return any(v is not None and v is not False for v in self.asked.values())
 
     def summary(self) -> Optional[Dict[str, Any]]:
         """summary.json's power_mode: what was asked, what the device reports, the clocks it clamped."""
         if not self.active:
             return None
-        return {"asked": {k: v for k, v in self.asked.items() if v not in (None, False)},
+        return {"asked": {k: v for k, v in self.asked.items() if v is not None and v is not False},
                 "read_back": self.read_back, "clamped": list(self.clamped)}
 
     # -- apply --------------------------------------------------------------------------------------------------
     def apply(self) -> None:
         """Check every knob asked (UsageError: one line, nothing changed), record what the device has, then set."""
         if not self.active:
+            if self.hold is not None:  # a sweep's job without power.* after one with: the device as the sweep found it
+                held = self._claim(self.hold["path"], device_wide=False)
+                if held is not None and held.get("last_asked") != self.asked:
+                    restore_record(held)
+                    machine.write(self.hold["path"], {**held, "last_asked": self.asked})
             return
         a, root = self.asked, self.root
-        jetson = fs.is_jetson(root)
-        files = self._files(jetson)
-        denied = [rel for rel in files if os.path.exists(os.path.join(root, rel)) and not fs.writable(root, rel)]
-        if denied:
-            raise UsageError(f"power settings need write access to {os.path.join(root, denied[0])} "
-                             f"({len(denied)} file(s)); run as root (sudo) or leave power.* null")
-        mode = self._mode_id() if a["nvpmodel"] is not None else None
-        if mode is not None and shutil.which("nvpmodel") is None:
-            raise UsageError(f"power.nvpmodel={a['nvpmodel']!r}: no nvpmodel program on PATH (JetPack's nvpmodel)")
-        cores = self._cores(jetson) if a["cpu_cores"] is not None else None
-        if a["governor"] is not None:
-            self._check_governor()
+        jetson, files, mode, cores = self.check()
         gpu_index = self._gpu_index()
+        path = self.hold["path"] if self.hold is not None else machine.path_in(self.lock_dir)
+        # cores alone off a Jetson change only this process (affinity, threads): no machine file, no other run's
+        device_wide = bool(files) or mode is not None or gpu_index is not None
+        held = self._claim(path, device_wide) if device_wide or self.hold is not None else None  # a dead run's first
+        unchanged = held is not None and held.get("last_asked") == self.asked  # the sweep's job before asked the same
+        if held is not None and held.get("root") and not unchanged:  # as the sweep found the device, then this job's
+            restore_record(held)
         record = {"root": root, "nvpmodel": fs.nvpmodel_mode(root) if mode is not None else None,
                   "files": [[rel, fs.read_attr(root, rel)] for rel in files if fs.read_attr(root, rel) is not None],
                   "nvml": nvml.snapshot(gpu_index) if gpu_index is not None else None,
                   "nvml_locked": a["gpu_locked_clocks_mhz"] is not None}
-        self._write_record(record)  # before any change
-        if mode is not None:  # first: a mode sets cores and clocks that the keys below refine
+        # before any change: the machine's file (a crash of mtbench itself) and, outside a sweep, the job's own
+        if self.hold is not None and (device_wide or held is not None):
+            machine.write(path, {**machine.merge(held or {}, record), "pid": self.hold["pid"],
+                                 "start": self.hold["start"], "last_asked": self.asked})
+        elif self.hold is None:
+            if device_wide:
+                record.update(machine.owner(), machine_file=path)
+                machine.write(path, {**record, "job_record": str(self.record_path)})
+            self._write_record(record)
+        if mode is not None and not unchanged:  # first: a mode sets cores and clocks that the keys below refine
             self._nvpmodel(mode)
         if cores is not None:
             self._set_cores(cores, jetson)
@@ -87,6 +101,46 @@ class PowerControl:
             else {}
         self.read_back = {**self._read_back(cores), **back}
         self._say_clamps()
+
+    def check(self) -> Tuple[bool, List[str], Optional[int], Optional[List[int]]]:
+        """What `apply` checks before it changes anything (also a sweep's values, before its first job): UsageError
+        (one line); else (a Jetson?, the files the keys may change, the nvpmodel mode id, the cores)."""
+        a, jetson = self.asked, fs.is_jetson(self.root)
+        files = self.check_access(jetson)
+        mode = self._mode_id() if a["nvpmodel"] is not None else None
+        if mode is not None and shutil.which("nvpmodel") is None:
+            raise UsageError(f"power.nvpmodel={a['nvpmodel']!r}: no nvpmodel program on PATH (JetPack's nvpmodel)")
+        cores = self._cores(jetson) if a["cpu_cores"] is not None else None
+        if a["governor"] is not None:
+            self._check_governor()
+        return jetson, files, mode, cores
+
+    def check_access(self, jetson: bool) -> List[str]:
+        """The files the asked keys may change; UsageError (one line) where this user may not write one of them."""
+        files, root = self._files(jetson), self.root
+        denied = [rel for rel in files if os.path.exists(os.path.join(root, rel)) and not fs.writable(root, rel)]
+        if denied:
+            raise UsageError(f"power settings need write access to {os.path.join(root, denied[0])} "
+                             f"({len(denied)} file(s)); run as root (sudo) or leave power.* null")
+        return files
+
+    def _claim(self, path: str, device_wide: bool) -> Optional[Dict[str, Any]]:
+        """The sweep's record at `path` (None outside a sweep, or before its first change); a record a run left
+        that died is restored and removed, one line said; another live run's is a UsageError where this job
+        changes the device (`device_wide`), else left alone."""
+        found = machine.read(path)
+        if found is None:
+            return None
+        hold = self.hold
+        if hold is not None and found.get("pid") == hold["pid"] and found.get("start") == hold["start"]:
+            return found
+        if machine.alive(found) and found.get("pid") != os.getpid():  # this process's own: a job that did not restore
+            if not device_wide:
+                return None
+            raise UsageError(f"another mtbench run (pid {found.get('pid')}) has changed this device's power settings "
+                             f"and will restore them ({path}); wait for it to end, or leave power.* null")
+        restore_leftover(path, found)
+        return None
 
     def _files(self, jetson: bool) -> List[str]:
         """Every sysfs file the asked keys may change (nvpmodel changes them all): checked, recorded, restored."""
@@ -252,14 +306,24 @@ class PowerControl:
 
     # -- restore ------------------------------------------------------------------------------------------------
     def restore(self) -> None:
-        """Put back what `apply` changed (this process's affinity and threads too); never raises."""
+        """Put back what `apply` changed (this process's affinity and threads too); never raises. In a sweep the
+        device keeps the job's settings: the next job with the same ones changes nothing, the sweep restores."""
         if self.saved is not None:
             import torch
 
             os.sched_setaffinity(0, self.saved[0])
             torch.set_num_threads(self.saved[1])
             self.saved = None
-        restore_left(self.record_path.parent)
+        if self.hold is None:
+            restore_left(self.record_path.parent)
+
+
+def restore_leftover(path: str, record: Dict[str, Any]) -> None:
+    """Restore what a run that died left on the device (the machine's restore file), remove the file, say so."""
+    restore_record(record)
+    machine.remove(path)
+    say(f"a run that ended without restoring the device (pid {record.get('pid')}) left {path}: restored the "
+        "settings it recorded")
 
 
 def restore_left(out_dir: Path) -> bool:
@@ -273,6 +337,18 @@ def restore_left(out_dir: Path) -> bool:
     except (OSError, ValueError) as exc:
         say(f"cannot read the restore record {path} ({exc}); the device may keep the job's settings")
         return False
+    restore_record(record)
+    try:
+        path.unlink()
+    except OSError:
+        pass
+    if record.get("machine_file"):  # the machine's copy, where this job's process wrote it
+        machine.remove(str(record["machine_file"]), record.get("pid"))
+    return True
+
+
+def restore_record(record: Dict[str, Any]) -> None:
+    """Put the device back as `record` says (nvpmodel mode, files, NVML); each failure said in one line."""
     root = str(record.get("root") or "/")
     if record.get("nvpmodel") is not None and fs.nvpmodel_mode(root) != record["nvpmodel"]:
         proc = subprocess.run(["nvpmodel", "-m", str(record["nvpmodel"])], stdin=subprocess.DEVNULL,
@@ -298,8 +374,3 @@ def restore_left(out_dir: Path) -> bool:
             nvml.restore(record["nvml"], bool(record.get("nvml_locked")))
         except Exception as exc:  # noqa: BLE001 - said, never raised: the job's result stands
             say(f"restoring the GPU's NVML settings failed: {exc}")
-    try:
-        path.unlink()
-    except OSError:
-        pass
-    return True

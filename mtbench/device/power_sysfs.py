@@ -124,3 +124,19 @@ def as_int(text: Optional[str]) -> Optional[int]:
         return int(text) if text is not None else None
     except ValueError:
         return None
+
+
+def mode_list(*roots: Optional[str]) -> str:
+    """The board's nvpmodel mode ids as a sweep list ("0,1,2"), from the first root given (else /); "none" where
+    the board has none (the sweep's check then names the file and what is allowed)."""
+    root = next((str(r) for r in roots if r), "/")
+    return ",".join(str(i) for i in sorted(nvpmodel_modes(root))) or "none"
+
+
+def core_counts(*roots: Optional[str]) -> str:
+    """power.cpu_cores values for a sweep ("1,2,4,6"): powers of two up to the cores a job may get, and that
+    number (a Jetson's cores, else those this process may use)."""
+    root = next((str(r) for r in roots if r), "/")
+    total = len(cpus(root)) if is_jetson(root) else len(os.sched_getaffinity(0))
+    counts = sorted({2 ** k for k in range(total.bit_length()) if 2 ** k <= total} | {total})
+    return ",".join(map(str, counts))

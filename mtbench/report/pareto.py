@@ -16,11 +16,22 @@ from mtbench.results.files import atomic_write  # noqa: E402
 def setting_of(job: Dict[str, Any]) -> Dict[str, Any]:
     """The power.* keys a job asked for (null ones left out)."""
     power = (job.get("config") or {}).get("power") or {}
-    return {k: v for k, v in power.items() if v not in (None, False) and k != "sysfs_root"}
+    return {k: v for k, v in power.items() if v is not None and v is not False and k != "sysfs_root"}
 
 
 def label(setting: Dict[str, Any]) -> str:
     return ", ".join(f"{k}={v}" for k, v in sorted(setting.items())) or "as the device was"
+
+
+def knob_axis(jobs: List[Dict[str, Any]]) -> Optional[str]:
+    """The one power.* key whose values differ between `jobs`, where each job sets it to a number; else None."""
+    settings = [setting_of(j) for j in jobs]
+    keys = {k for s in settings for k in s}
+    varying = [k for k in sorted(keys) if len({repr(s.get(k)) for s in settings}) > 1]
+    if len(varying) != 1:
+        return None
+    values = [s.get(varying[0]) for s in settings]
+    return varying[0] if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values) else None
 
 
 def front(points: List[Tuple[float, float, Any]]) -> List[Tuple[float, float, Any]]:
@@ -42,12 +53,14 @@ def fig_pareto(jobs: List[Dict[str, Any]], out: Path) -> List[str]:
     ok = [j for j in jobs if j.get("success") and value_at(j, "step_time_s", "median") is not None]
     if len({label(setting_of(j)) for j in ok}) < 2:
         return []
+    notes: List[str] = []
     names, rows = [], ["# Power settings: time and energy", "",
                        "| model | batch | power setting | step median s | energy/sample J | on the front |",
                        "|---|---|---|---|---|---|"]
     for model in sorted({str(j.get("model")) for j in ok}):
         mine = [j for j in ok if str(j.get("model")) == model]
         points = [(value_at(j, "step_time_s", "median"), _energy_per_sample(j), j) for j in mine]
+        name = f"pareto_{model}.png"
         measured = [p for p in points if p[1] is not None]
         fig, ax = plt.subplots(figsize=(7, 4.5))
         on_front: List[Any] = []
@@ -61,17 +74,25 @@ def fig_pareto(jobs: List[Dict[str, Any]], out: Path) -> List[str]:
             ax.set_xlabel("median step time (s)")
             ax.set_ylabel("energy per sample (J)")
             ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # right of the data, never on it
-        else:  # no power sensor here: time against the setting, and the figure says so
-            order = sorted(points, key=lambda p: label(setting_of(p[2])))
-            ax.bar(range(len(order)), [p[0] for p in order], color="C0")
-            ax.set_xticks(range(len(order)))
-            ax.set_xticklabels([label(setting_of(p[2])) for p in order], rotation=20, fontsize=7, ha="right")
+        else:  # no power sensor here: time against the knob (or each setting), and the figure says so
+            knob = knob_axis([p[2] for p in points])
+            if knob is not None:  # one numeric knob varies (power.cpu_cores=1,2): a line over its values
+                order = sorted(points, key=lambda p: setting_of(p[2])[knob])
+                ax.plot([setting_of(p[2])[knob] for p in order], [p[0] for p in order], "o-", color="C0")
+                ax.set_xlabel(f"power.{knob}")
+            else:
+                order = sorted(points, key=lambda p: label(setting_of(p[2])))
+                ax.bar(range(len(order)), [p[0] for p in order], color="C0")
+                ax.set_xticks(range(len(order)))
+                ax.set_xticklabels([label(setting_of(p[2])) for p in order], rotation=20, fontsize=7, ha="right")
             ax.set_ylabel("median step time (s)")
-            ax.text(0.5, 0.95, "energy not measured on this machine: time against the power setting",
+            ax.text(0.5, 0.95, f"energy not measured on this machine: time against "
+                    f"{'power.' + knob if knob else 'the power setting'}",
                     transform=ax.transAxes, ha="center", va="top", fontsize=8, color="0.4")
+            notes.append(f"{model}: energy per sample is not measured here (no power sensor); {name} shows median "
+                         f"step time against {'power.' + knob if knob else 'each power setting'} instead.")
         ax.set_title(f"{model}: time and energy per power setting")
         fig.tight_layout()
-        name = f"pareto_{model}.png"
         fig.savefig(out / name, dpi=110, bbox_inches="tight")
         plt.close(fig)
         names.append(name)
@@ -79,5 +100,5 @@ def fig_pareto(jobs: List[Dict[str, Any]], out: Path) -> List[str]:
             rows.append(f"| {model} | {j.get('batch_size')} | {label(setting_of(j))} | {t:.4f} | "
                         f"{'n/a' if e is None else format(e, '.4f')} | "
                         f"{'yes' if any(j is f for f in on_front) else ('n/a' if e is None else 'no')} |")
-    atomic_write(out / "pareto.md", "\n".join(rows) + "\n")
+    atomic_write(out / "pareto.md", "\n".join(rows + ([""] + notes if notes else [])) + "\n")
     return names

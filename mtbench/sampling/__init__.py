@@ -14,6 +14,7 @@ SENSORS: Dict[str, str] = {
     "jtop": "mtbench.sampling.jtop_sensor:JtopSensor",
     "nvml": "mtbench.sampling.nvml:NvmlSensor",
     "rapl": "mtbench.sampling.rapl:RaplSensor",
+    "thermal": "mtbench.sampling.thermal:ThermalSensor",
 }
 
 # under `auto`, a sensor that would read the same hardware as one already open is skipped

@@ -14,7 +14,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from mtbench.sampling import aggregate
+from mtbench.sampling import aggregate, thermal
 from mtbench.sampling.procfs import USER_HZ
 from mtbench.sampling.sampler import Samples, StepMark
 from mtbench.sampling.sensor import ENERGY, GPU_UTIL, POWER, POWER_AVG, Field
@@ -357,7 +357,8 @@ def step_rows(marks: Sequence[StepMark], samples: Samples, interval_ms: float,
             total = _sum([e for r, e in zip(rails.names, energies) if r in rails.total])
             row += [_round(total, 6), "" if total is not None else _step_null_reason(rails, energies, m)]
         rows.append(row)
-    return header, rows
+    thermal_header, thermal_rows = thermal.step_columns(samples, marks)  # none without the thermal sensor
+    return header + thermal_header, [row + more for row, more in zip(rows, thermal_rows)]
 
 
 def _step_null_reason(rails: Rails, energies: Sequence[Optional[float]], mark: StepMark) -> str:

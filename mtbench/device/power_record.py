@@ -1,0 +1,138 @@
+"""The machine's power restore file: what a run changed on the device, so that the next run restores it should the
+run itself die (`<lock_dir>/mtbench-power-restore.json`), and the sweep's hold of one record for all its jobs.
+
+The folder may be shared by every user (/tmp), and root acts on the file's content (it writes sysfs files): it is
+written under a fresh name (O_CREAT|O_EXCL|O_NOFOLLOW, mode 0600) and renamed into place, and read only when it is
+a regular file of one name, owned by this user and writable by no other; anything else is refused in one line.
+"""
+from __future__ import annotations
+
+import json
+import os
+import stat
+from typing import Any, Dict, Optional
+
+from mtbench.errors import UsageError
+from mtbench.regular_files import RefusedFile, open_regular_fd
+
+NAME = "mtbench-power-restore.json"
+HOLD_ENV = "MTBENCH_POWER_HOLD"  # set by a sweep (campaign/power_hold.py): its jobs keep their settings
+MAX_BYTES = 1 << 20
+
+
+def path_in(lock_dir: str) -> str:
+    if not os.path.isabs(lock_dir):
+        raise UsageError(f"lock_dir={lock_dir!r} (or MTBENCH_LOCK_DIR) is not an absolute folder; power.* keys keep "
+                         f"their restore file {NAME} there; allowed: an absolute folder (default /tmp)")
+    return os.path.join(lock_dir, NAME)
+
+
+def lock_dir_of(cfg: Any) -> str:
+    return str(cfg.get("lock_dir") or os.environ.get("MTBENCH_LOCK_DIR") or "/tmp")
+
+
+def start_ticks(pid: int) -> Optional[int]:
+    """When process `pid` started (clock ticks since boot, /proc/PID/stat field 22): with the pid it names one
+    process, whatever later reuses the number. None where there is no such process."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            text = f.read()
+        return int(text[text.rindex(b")") + 2:].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def owner(pid: Optional[int] = None) -> Dict[str, Any]:
+    pid = os.getpid() if pid is None else pid
+    return {"pid": pid, "start": start_ticks(pid)}
+
+
+def alive(record: Dict[str, Any]) -> bool:
+    """Whether the run that wrote `record` still runs (then its settings are its own, not a leftover)."""
+    pid = record.get("pid")
+    return isinstance(pid, int) and record.get("start") is not None and start_ticks(pid) == record.get("start")
+
+
+def read(path: str) -> Optional[Dict[str, Any]]:
+    """The record at `path`, None where there is none; UsageError (one line) for a file this user must not trust."""
+    try:
+        fd = open_regular_fd(path)
+    except FileNotFoundError:
+        return None
+    except RefusedFile as exc:
+        raise UsageError(f"the power restore file {exc}; remove it (lock_dir decides where it lives)") from None
+    try:
+        info = os.fstat(fd)
+        problem = None
+        if info.st_uid != os.geteuid():
+            problem = f"belongs to uid {info.st_uid}, not to this user ({os.geteuid()})"
+        elif info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            problem = "is writable by other users"
+        elif info.st_nlink != 1:
+            problem = f"has {info.st_nlink} hard links"
+        if problem is not None:
+            raise UsageError(f"the power restore file {path} {problem}, refused (root would act on what it says); "
+                             "remove it if no mtbench run of this user wrote it")
+        with os.fdopen(os.dup(fd), "rb") as f:
+            data = f.read(MAX_BYTES + 1)
+    finally:
+        os.close(fd)
+    try:
+        record = json.loads(data) if len(data) <= MAX_BYTES else None
+    except ValueError:
+        record = None
+    if not isinstance(record, dict):
+        raise UsageError(f"the power restore file {path} is not a restore record (larger than 1 MiB, or not JSON); "
+                         "remove it")
+    return record
+
+
+def write(path: str, record: Dict[str, Any]) -> None:
+    """Write `record` to `path` whole: a fresh private file renamed into place (a link planted at `path` is
+    replaced, never followed)."""
+    folder, name = os.path.split(path)
+    for n in range(100):
+        tmp = os.path.join(folder, f".{name}.{os.getpid()}.{n}.tmp")
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            break
+        except FileExistsError:
+            continue
+    else:
+        raise UsageError(f"cannot create a power restore file in {folder}: 100 names taken")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(record, f)
+            f.flush()
+            os.fsync(f.fileno())  # the record must outlive a crash of the machine's power settings' owner
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def remove(path: str, pid: Optional[int] = None) -> None:
+    """Remove the record at `path` (only where run `pid` wrote it, if given)."""
+    try:
+        if pid is not None and (read(path) or {}).get("pid") != pid:
+            return
+        os.unlink(path)
+    except (OSError, UsageError):
+        pass
+
+
+def merge(held: Dict[str, Any], record: Dict[str, Any]) -> Dict[str, Any]:
+    """The device as it was before the first job of a sweep: `held`'s values win, `record` adds what is new."""
+    out = dict(held)
+    out["root"] = held.get("root") or record.get("root")
+    if out.get("nvpmodel") is None:
+        out["nvpmodel"] = record.get("nvpmodel")
+    known = {rel for rel, _ in held.get("files") or []}
+    out["files"] = list(held.get("files") or []) + [f for f in record.get("files") or [] if f[0] not in known]
+    if out.get("nvml") is None:
+        out["nvml"] = record.get("nvml")
+    out["nvml_locked"] = bool(held.get("nvml_locked") or record.get("nvml_locked"))
+    return out
