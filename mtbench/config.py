@@ -335,6 +335,7 @@ SCHEMA: Dict[str, Any] = {
     "data.prefetch_factor": _whole(1),
     "data.persistent_workers": _boolean,
     "data.cache_dir": _path_or_null,
+    "data.cache": _one_of("warm", "cold", "drop_caches"),
 }
 
 
