@@ -23,6 +23,8 @@ from mtbench.data.shakespeare import Shakespeare
 from mtbench.data.squad import SQuAD
 from mtbench.data.synthetic import Synthetic
 from mtbench.workload.base import SetupContext, Workload
+from mtbench.report.build import make_report
+from mtbench.report.datawait import bar_label
 from models.char_rnn import encode_windows
 from models.seq2seq import Seq2Seq, encode_pairs
 from tests.test_text_data import SPEECH, SQUAD, write_iwslt
@@ -121,6 +123,55 @@ def test_seq2seq_keeps_the_source_lengths_on_the_cpu_whatever_device_the_batch_c
     assert workload.batches[0][1].device.type == "cpu"
 
 
+class IndexedImages(torch.utils.data.Dataset):
+    """CIFAR-10 files' images, each with its index in place of its label (to find one image in two epochs)."""
+
+    def __init__(self, root: str) -> None:
+        from mtbench.data.sets import CifarFiles, cifar_train_transform
+
+        self.inner = CifarFiles(root, cifar_train_transform()[0])
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def __getitem__(self, index: int):
+        return self.inner[index][0], torch.tensor(index)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_two_epochs_give_each_image_other_crops_and_flips(tmp_path, workers):
+    from tests.test_data import write_cifar
+
+    write_cifar(tmp_path, per_batch=2)  # 10 images: one epoch is 5 batches of 2
+    pipeline = Pipeline(str(tmp_path), _settings(workers=workers), 2, seed=0, dataset=lambda: IndexedImages(str(tmp_path)))
+    try:
+        epochs = [{}, {}]
+        for step in range(10):
+            (x, index), _ = pipeline.next_batch()
+            for image, i in zip(x, index.tolist()):
+                epochs[step // 5][i] = image
+    finally:
+        pipeline.close()
+    assert sorted(epochs[0]) == sorted(epochs[1]) == list(range(10))
+    differ = sum(not torch.equal(epochs[0][i], epochs[1][i]) for i in range(10))
+    assert differ >= 8, differ  # the same crop and flip twice: 1 chance in 162 per image
+
+
+def test_normalization_gives_cifars_statistics_zero_mean_and_unit_std():
+    from mtbench.data.cifar10 import MEAN, STD
+    from mtbench.data.sets import cifar_train_transform
+
+    transform = cifar_train_transform()[0]
+    gen = torch.Generator().manual_seed(0)
+    mean, std = torch.tensor(MEAN).view(3, 1, 1), torch.tensor(STD).view(3, 1, 1)
+    # images whose pixels have the training set's per-channel mean and std: mean - std or mean + std, evenly
+    signs = lambda: torch.randint(0, 2, (3, 32, 32), generator=gen) * 2 - 1  # noqa: E731
+    images = [(255 * (mean + std * signs())).round().to(torch.uint8) for _ in range(50)]
+    out = torch.stack([transform(im)[:, 4:28, 4:28] for im in images])  # inside the padding's reach
+    assert torch.allclose(out.mean(dim=(0, 2, 3)), torch.zeros(3), atol=0.02)
+    assert torch.allclose(out.std(dim=(0, 2, 3)), torch.ones(3), atol=0.02)
+
+
 # 2. the workers' CPU beside the training process's; a killed worker is a recorded failure
 
 def _burn(seconds: float) -> None:
@@ -171,6 +222,14 @@ def test_a_job_records_its_workers_cpu_and_none_without_workers(run, tmp_path):
     assert with_workers["training_process_cpu_pct"] > 0
     alone = run(common + ["data.workers=0"], name="w0")["data_pipeline"]["cpu"]
     assert alone["workers_cpu_pct"] is None and "data.workers=0" in alone["workers_reason"]
+    # 5. the report's figure: compute and data wait per job, across data.workers, beside the preloaded job
+    run(["model=squeezenet", "batch=2"], name="preloaded")
+    run(["model=alexnet", "batch=2"], name="other")  # no pipeline job of its model: no figure of it
+    report = make_report(tmp_path)
+    assert (report / "datawait_squeezenet.png").stat().st_size > 0 and not (report / "datawait_alexnet.png").exists()
+    assert "![datawait_squeezenet.png](datawait_squeezenet.png)" in (report / "README.md").read_text()
+    jobs = {p.name: json.loads((tmp_path / p.name / "summary.json").read_text()) for p in tmp_path.glob("w*")}
+    assert bar_label(jobs["w1"]) == "1 worker b2" and bar_label(jobs["w0"]) == "0 workers b2"
 
 
 class WorkerKiller(Synthetic):
@@ -346,7 +405,7 @@ def test_data_wait_per_step_is_what_the_workers_cannot_hide_and_falls_with_more_
     # loads a batch in 60 ms while the step takes 20 ms: it hides 20 ms, the loop waits 40 ms every step. Two, started
     # together, hand over two batches every 60 ms: one step waits 20 ms, the next none, 10 ms a step on average (the
     # mean over an even number of steps). Four make one every 15 ms and keep ahead: the hand-over only (a batch received
-    from a worker's queue: about a millisecond, a few on a busy machine)
+    # from a worker's queue: about a millisecond, a few on a busy machine)
     expected = {0: 0.06, 1: 0.04, 2: 0.01}
     means = {}
     for workers, wait_s in expected.items():

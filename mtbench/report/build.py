@@ -10,6 +10,7 @@ from mtbench.errors import UsageError
 from mtbench.report.figures import (fig_energy, fig_memory, fig_memory_breakdown, fig_power, fig_profile, fig_time,
                                     fig_utilization)
 from mtbench.report.pareto import fig_pareto
+from mtbench.report.datawait import fig_datawait
 from mtbench.report.jobs import assign_boards, by_model, find_summaries, has_batch, root_labels
 from mtbench.report.tables import csv_columns, readme
 from mtbench.results.files import atomic_write, csv_text
@@ -61,6 +62,7 @@ def _write_report(jobs: List[Dict[str, Any]], unreadable: List[Dict[str, str]], 
         figures.append(fig_memory_breakdown(groups, out))
     figures += [f for f in (fig_profile(j, Path(j["_root"]), out) for j in jobs if j.get("profiled")) if f]
     figures += fig_pareto(jobs, out)  # jobs that vary power.*: the time-energy front per model
+    figures += fig_datawait(jobs, out)  # jobs on data.loader=dataloader: compute and data wait across data.workers
     atomic_write(out / "README.md", readme(jobs, figures, unreadable))
 
 
