@@ -285,6 +285,20 @@ def test_a_cold_run_reads_the_set_from_storage_and_a_warm_one_almost_nothing(run
     assert warm["storage"]["mount_point"] and warm["storage"]["fstype"]
 
 
+def test_a_cold_cache_without_the_pipeline_is_one_line_exit_2(tmp_path):
+    from tests.conftest import mtbench_cli
+
+    proc = mtbench_cli("model=squeezenet", "device=cpu", "batch=1", "steps=1", "warmup=0", "data.cache=cold",
+                       f"hydra.run.dir={tmp_path / 'out'}")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines() == ["mtbench: error: data.cache=cold: only data.loader=dataloader reads "
+                                                "files while the job is measured; allowed: data.cache=warm, or "
+                                                "data.loader=dataloader"]
+    bad = mtbench_cli("model=squeezenet", "device=cpu", "data.cache=lukewarm", f"hydra.run.dir={tmp_path / 'bad'}")
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
+    assert "data.cache=" in bad.stderr and "warm, cold, drop_caches" in bad.stderr
+
+
 def test_a_filesystem_in_memory_cannot_be_made_cold_and_says_so():
     shm = Path("/dev/shm")
     if storage.mount_of(str(shm)) is None or storage.mount_of(str(shm))["fstype"] != "tmpfs":

@@ -155,6 +155,9 @@ def open_pipeline(data: DataSource, batch_size: int, seed: int, device: torch.de
     a model that trains only on batches it prepares (recipe None) is refused in one line."""
     settings = data.loader_settings
     if settings.loader != "dataloader":
+        if settings.cache != "warm":  # preloaded reads its files before timing: a cold page cache changes no figure
+            raise UsageError(f"data.cache={settings.cache}: only data.loader=dataloader reads files while the job is "
+                             "measured; allowed: data.cache=warm, or data.loader=dataloader")
         return None
     if recipe is None:
         raise UsageError("data.loader=dataloader: this model trains only on the batches it prepares (an Atari "
