@@ -12,13 +12,14 @@ points at [CLS], as BERT's own SQuAD code does.
 """
 from __future__ import annotations
 
-from typing import Any, List
+from typing import Any, List, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from models.qa import pad_ids, word_index
+from mtbench.data.base import SQUAD, BatchRecipe, QAExample
 from mtbench.workload.base import SetupContext, StepLoss, Workload, optimizer_from
 
 PAD, UNK, CLS, SEP = 0, 1, 2, 3
@@ -70,26 +71,36 @@ class BERT(Workload):
 
     def setup(self, ctx: SetupContext) -> None:
         examples = ctx.data.squad_examples(ctx.batch_size * ctx.batches, ctx.seed)
-        words = word_index(examples, ["[PAD]", "[UNK]", "[CLS]", "[SEP]"], self.vocab_size)
+        self.words = word_index(examples, ["[PAD]", "[UNK]", "[CLS]", "[SEP]"], self.vocab_size)
+        self.net.to(ctx.device).train()
+        self.optimizer = optimizer_from(self.make_optimizer, self.net.parameters())
+        all_ids, all_seg, all_start, all_end = self._encode(examples)
+        b = ctx.batch_size
+        self.batches = [tuple(t[i: i + b].to(ctx.device) for t in (all_ids, all_seg, all_start, all_end))
+                        for i in range(0, len(examples), b)]
+        self.i = 0
+
+    def _encode(self, examples: Sequence[QAExample]):
+        """(ids, segments, start, end) of `[CLS] question [SEP] context [SEP]` per example, padded to seq_len."""
         ids, segments, starts, ends = [], [], [], []
         for e in examples:
-            q = [words.get(w.lower(), UNK) for w in e.question[: self.max_question]]
+            q = [self.words.get(w.lower(), UNK) for w in e.question[: self.max_question]]
             room = self.seq_len - len(q) - 3
-            c = [words.get(w.lower(), UNK) for w in e.context[:room]]
+            c = [self.words.get(w.lower(), UNK) for w in e.context[:room]]
             offset = len(q) + 2  # [CLS] q [SEP] come before the context
             ids.append([CLS] + q + [SEP] + c + [SEP])
             segments.append([0] * offset + [1] * (len(c) + 1))
             inside = e.end < len(c)
             starts.append(e.start + offset if inside else 0)
             ends.append(e.end + offset if inside else 0)
-        self.net.to(ctx.device).train()
-        self.optimizer = optimizer_from(self.make_optimizer, self.net.parameters())
-        all_ids, all_seg = pad_ids(ids, PAD, self.seq_len), pad_ids(segments, 0, self.seq_len)
-        all_start, all_end = torch.tensor(starts), torch.tensor(ends)
-        b = ctx.batch_size
-        self.batches = [tuple(t[i: i + b].to(ctx.device) for t in (all_ids, all_seg, all_start, all_end))
-                        for i in range(0, len(examples), b)]
-        self.i = 0
+        return pad_ids(ids, PAD, self.seq_len), pad_ids(segments, 0, self.seq_len), torch.tensor(starts), \
+            torch.tensor(ends)
+
+    def batch_recipe(self) -> Optional[BatchRecipe]:
+        return BatchRecipe(SQUAD, self._encode, describe="words to ids per example, padded to seq_len")
+
+    def take_batch(self, batch: Any) -> None:
+        self.batches, self.i = [tuple(batch)], 0
 
     def step(self) -> StepLoss:
         ids, seg, start, end = self.batches[self.i % len(self.batches)]

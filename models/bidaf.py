@@ -11,14 +11,14 @@ work per step match.
 """
 from __future__ import annotations
 
-from typing import Any, List, Sequence
+from typing import Any, List, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from models.qa import pad_ids, word_index
-from mtbench.data.base import QAExample
+from mtbench.data.base import SQUAD, BatchRecipe, QAExample
 from mtbench.workload.base import SetupContext, StepLoss, Workload, optimizer_from
 
 PAD, UNK = 0, 1
@@ -128,6 +128,12 @@ class BiDAF(Workload):
         start = torch.tensor([e.start for e in examples])
         end = torch.tensor([min(e.end, self.max_context - 1) for e in examples])
         return ids(ctxs), self._chars(ctxs), ids(qs), self._chars(qs), start, end
+
+    def batch_recipe(self) -> Optional[BatchRecipe]:
+        return BatchRecipe(SQUAD, self._encode, describe="words and characters to ids per example, padded per batch")
+
+    def take_batch(self, batch: Any) -> None:
+        self.batches, self.i = [tuple(batch)], 0
 
     def step(self) -> StepLoss:
         cw, cc, qw, qc, start, end = self.batches[self.i % len(self.batches)]

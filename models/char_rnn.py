@@ -5,14 +5,22 @@ char-rnn). Sizes are config keys; the defaults are a mid-sized model for 100-cha
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List
+import functools
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from mtbench.data.base import CHARS, BatchRecipe
 from mtbench.workload.base import SetupContext, StepLoss, Workload, optimizer_from
+
+
+def encode_windows(index: Mapping[str, int], windows: Sequence[str]) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Windows of seq_len + 1 characters -> (input ids, next-character ids), B x seq_len each (unknown: id 0)."""
+    ids = torch.tensor([[index.get(ch, 0) for ch in w] for w in windows], dtype=torch.long)
+    return ids[:, :-1], ids[:, 1:]
 
 
 class CharConvLSTM(nn.Module):
@@ -57,6 +65,7 @@ class CharRNN(Workload):
                             f"{self.seq_len + 1} (lower model.workload.seq_len)")
         if len(corpus.vocab) != self.net.head.out_features:
             self.net = CharConvLSTM(len(corpus.vocab), **self.arch)
+        self.index = {ch: i for i, ch in enumerate(corpus.vocab)}  # data.loader=dataloader encodes with it
         self.net.to(ctx.device).train()
         self.optimizer = optimizer_from(self.make_optimizer, self.net.parameters())
         rng = np.random.default_rng(ctx.seed)
@@ -76,6 +85,13 @@ class CharRNN(Workload):
         nn.utils.clip_grad_norm_(self.net.parameters(), 5.0)
         self.optimizer.step()
         return loss  # mean cross-entropy per character
+
+    def batch_recipe(self) -> Optional[BatchRecipe]:
+        return BatchRecipe(CHARS, functools.partial(encode_windows, self.index), self.seq_len,
+                           "characters to ids per batch")
+
+    def take_batch(self, batch: Any) -> None:
+        self.batches, self.i = [tuple(batch)], 0
 
     def _loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         logits = self.net(x)

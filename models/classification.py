@@ -6,13 +6,13 @@ from typing import Any, Dict, List, Optional, Sequence
 import torch
 import torch.nn.functional as F
 
+from mtbench.data.base import IMAGES, BatchRecipe
 from mtbench.workload.blocks import sequential_blocks
 from mtbench.workload.base import SetupContext, StepLoss, Workload, optimizer_from
 
 
 class ImageClassification(Workload):
     MICROBATCH = True  # the loss is the mean cross-entropy over the batch's images
-    TAKES_BATCHES = True  # data.loader=dataloader hands it each step's images
     EVALUATES_ACCURACY = True  # until.accuracy: top-1 on the held-out images
 
     def __init__(self, net: torch.nn.Module, optimizer: Any, input_shape: Sequence[int], num_classes: int) -> None:
@@ -38,6 +38,9 @@ class ImageClassification(Workload):
         loss = self.planned_backward(lambda x, y: F.cross_entropy(self.planned_forward(self.net, x), y), x, y)
         self.optimizer.step()
         return loss  # the batch's mean cross-entropy before the update, detached
+
+    def batch_recipe(self) -> Optional[BatchRecipe]:
+        return BatchRecipe(IMAGES)  # data.loader=dataloader hands it each step's augmented images
 
     def take_batch(self, batch: Any) -> None:
         self.batches, self.i = [tuple(batch)], 0  # the pipeline's batch replaces the prepared ones

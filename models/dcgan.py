@@ -6,12 +6,13 @@ one discriminator update (real and fake batch) and one generator update.
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from mtbench.data.base import IMAGES, BatchRecipe
 from mtbench.workload.base import SetupContext, StepLoss, Workload, optimizer_from
 
 
@@ -86,6 +87,12 @@ class DCGAN(Workload):
         # the discriminator's loss is the headline (it falls as D learns to tell the batches from the fakes);
         # the generator's rises as D wins: a GAN's two losses are a contest, not one figure falling
         return {"loss_d": loss_d.detach(), "loss_g": loss_g.detach()}
+
+    def batch_recipe(self) -> Optional[BatchRecipe]:
+        return BatchRecipe(IMAGES)  # its image set, augmented as the classifiers' is
+
+    def take_batch(self, batch: Any) -> None:
+        self.real = [torch.tanh(batch[0])]  # as in setup: scaled to the generator's tanh range; the noise cycles on
 
     def modules(self) -> List[torch.nn.Module]:
         return [self.g, self.d]

@@ -8,7 +8,8 @@ Without input feeding the attention of every target position is computed at once
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List
+import functools
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -16,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from mtbench.data.base import BOS, EOS
+from mtbench.data.base import BOS, EOS, PAIRS, UNK, BatchRecipe
 from mtbench.workload.base import SetupContext, StepLoss, Workload, optimizer_from
 
 
@@ -62,6 +63,7 @@ class Seq2Seq(Workload):
         vocabs = (len(corpus.src_vocab), len(corpus.tgt_vocab))
         if vocabs != (self.net.src_pad, self.net.tgt_pad):
             self.net = AttentionSeq2Seq(*vocabs, **self.arch)
+        self.index = [{tok: i for i, tok in enumerate(v)} for v in (corpus.src_vocab, corpus.tgt_vocab)]
         self.net.to(ctx.device).train()
         self.optimizer = optimizer_from(self.make_optimizer, self.net.parameters())
         self.batches = []
@@ -90,6 +92,14 @@ class Seq2Seq(Workload):
             tgt_out[i, : len(t) + 1] = torch.from_numpy(np.concatenate([t, [EOS]]))
         return src_t, s_len, tgt_in, tgt_out
 
+    def batch_recipe(self) -> Optional[BatchRecipe]:
+        return BatchRecipe(PAIRS, functools.partial(encode_pairs, *self.index, self.net.src_pad, self.net.tgt_pad),
+                           describe="tokens to ids, padded per batch, longest source first")
+
+    def take_batch(self, batch: Any) -> None:
+        src, src_len, tgt_in, tgt_out = batch
+        self.batches, self.i = [(src, src_len.cpu(), tgt_in, tgt_out)], 0  # the lengths stay on the CPU (forward)
+
     def step(self) -> StepLoss:
         src, src_len, tgt_in, tgt_out = self.batches[self.i % len(self.batches)]
         self.i += 1
@@ -106,3 +116,11 @@ class Seq2Seq(Workload):
 
     def units_per_sample(self) -> Dict[str, float]:
         return {"tokens": self.tokens_per_pair} if self.tokens_per_pair else {}
+
+
+def encode_pairs(src_index: Mapping[str, int], tgt_index: Mapping[str, int], src_pad: int, tgt_pad: int,
+                 pairs: Sequence[Tuple[List[str], List[str]]]):
+    """A batch of (source tokens, target tokens) as Seq2Seq's padded tensors (unknown tokens: <unk>)."""
+    encode = lambda tokens, index: np.array([index.get(t, UNK) for t in tokens], dtype=np.int64)  # noqa: E731
+    return Seq2Seq._pad([encode(s, src_index) for s, _ in pairs], [encode(t, tgt_index) for _, t in pairs],
+                        src_pad, tgt_pad)

@@ -364,6 +364,7 @@ SCHEMA: Dict[str, Any] = {
     "until.accuracy": _null_or(_accuracy, "a held-out top-1 accuracy 0 < A <= 1 (0.94 for 94 %)"),
     "until.loss": _null_or(_loss, "a training loss > 0"),
     "until.eval_every": _whole(1),
+    "data.cache": _one_of("warm", "cold", "drop_caches"),
 }
 
 

@@ -8,7 +8,7 @@ gives and which sources give what the model needs.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -43,7 +43,35 @@ class QAExample:
     end: int  # index of its last token (inclusive)
 
 
-LOADER_KEYS = ("loader", "workers", "pin_memory", "prefetch_factor", "persistent_workers", "cache_dir")
+LOADER_KEYS = ("loader", "workers", "pin_memory", "prefetch_factor", "persistent_workers", "cache_dir", "cache")
+
+# the kinds of on-disk set data.loader=dataloader reads, and what one item of each is before the recipe's collate
+IMAGES = "images"  # CIFAR-10 pickles: (augmented 3xHxW float32, int64 label)
+CHARS = "chars"  # a plain text file: a window of seq_len + 1 characters (a str)
+PAIRS = "pairs"  # IWSLT15 train.<src> / train.<tgt>: (source tokens, target tokens), each a list of str
+SQUAD = "squad"  # SQuAD v1.1 JSON: one QAExample
+
+
+@dataclass
+class BatchRecipe:
+    """How a workload's batches are made from a set's files under data.loader=dataloader: the kind of set it reads
+    and the function that turns the items of one batch into the tensors `take_batch` gets (tokenize, encode, pad;
+    it runs in the loader's workers, so its cost is the pipeline's)."""
+
+    kind: str  # IMAGES, CHARS, PAIRS or SQUAD
+    collate: Optional[Callable[[List[Any]], Any]] = None  # items -> the batch's tensors (None: torch's default)
+    seq_len: int = 0  # CHARS: characters a sample trains on (an item holds seq_len + 1)
+    describe: str = ""  # what the collate does, for summary.json's data_pipeline.transforms
+
+
+@dataclass
+class PipelineSet:
+    """A source's files for data.loader=dataloader: where they are, and a data set over them read afresh each epoch."""
+
+    location: str  # the folder or file read (data.cache_dir's for data=synthetic)
+    make_dataset: Callable[[], Any]  # () -> a torch Dataset that reads the files now
+    files: List[str]  # every file the set is read from (data.cache=cold drops them from the page cache)
+    transforms: str  # what happens to each item before the recipe's collate
 
 
 @dataclass
@@ -56,6 +84,7 @@ class LoaderSettings:
     prefetch_factor: int = 2  # batches each worker loads ahead (workers >= 1)
     persistent_workers: bool = False  # keep the workers (and the set they read) from one epoch to the next
     cache_dir: Optional[str] = None  # where data=synthetic writes its on-disk set (null: ~/.cache/mtbench)
+    cache: str = "warm"  # warm: as the page cache holds the files; cold: dropped from it first (docs/pipeline.md)
 
     @classmethod
     def from_keys(cls, keys: Dict[str, Any]) -> "LoaderSettings":
@@ -78,10 +107,12 @@ class DataSource:
         """data.loader and its settings, the keys every conf/data/ file takes from _pipeline.yaml."""
         self.loader_settings = LoaderSettings.from_keys(keys)
 
-    def pipeline_root(self, cache_dir: Optional[str]) -> str:
-        """The folder holding cifar-10-batches-py/ that data.loader=dataloader reads (only image sets have one yet)."""
-        raise UsageError(f"data.loader=dataloader: data={self.name} has no input pipeline yet (only CIFAR-10 "
-                         "images); allowed: data.loader=preloaded, or data=cifar10 / data=synthetic with an image model")
+    def pipeline_set(self, recipe: BatchRecipe, cache_dir: Optional[str]) -> PipelineSet:
+        """The files data.loader=dataloader reads for `recipe.kind`, and a data set over them."""
+        from mtbench.data.sets import KIND_SOURCES
+
+        raise UsageError(f"data.loader=dataloader: data={self.name} has no {recipe.kind} files to read; allowed: "
+                         f"data.loader=preloaded, or data={KIND_SOURCES.get(recipe.kind, 'synthetic')} / data=synthetic")
 
     @property
     def label(self) -> str:

@@ -130,8 +130,13 @@ class CIFAR10(LocalFiles):
         super().__init__(root, **loader)
         self.image_size = check_image_size(image_size)  # 32 keeps the images as they are; else bilinear resize
 
-    def pipeline_root(self, cache_dir) -> str:
-        return self.location
+    def pipeline_set(self, recipe, cache_dir):
+        from mtbench.data.base import IMAGES
+        from mtbench.data.sets import cifar_train_transform, image_set
+
+        if recipe.kind != IMAGES:
+            return super().pipeline_set(recipe, cache_dir)
+        return image_set(self.location, *cifar_train_transform(self.image_size))
 
     def image_batches(self, batch_size, count, shape, num_classes, seed) -> List:
         check_image_shape(self.image_size, shape)

@@ -39,6 +39,14 @@ class IWSLT15(LocalFiles):
         self.src, self.tgt = src, tgt
         self.max_vocab, self.max_len = max_vocab, max_len
 
+    def pipeline_set(self, recipe, cache_dir):
+        from mtbench.data.base import PAIRS
+        from mtbench.data.sets import text_set
+
+        if recipe.kind != PAIRS:
+            return super().pipeline_set(recipe, cache_dir)
+        return text_set(recipe, self.location, src=self.src, tgt=self.tgt, max_len=self.max_len)
+
     def parallel_corpus(self, pairs, seed):
         root = Path(self.location).expanduser()
         sides: Dict[str, List[List[str]]] = {}

@@ -16,6 +16,12 @@ class Shakespeare(LocalFiles):
     def __init__(self, path: str = "", **loader) -> None:
         super().__init__(path, **loader)
 
+    def pipeline_set(self, recipe, cache_dir):
+        from mtbench.data.base import CHARS
+        from mtbench.data.sets import text_set
+
+        return text_set(recipe, self.location) if recipe.kind == CHARS else super().pipeline_set(recipe, cache_dir)
+
     def char_corpus(self, min_chars, seed):
         text = read_text(self.location, "data.path")
         if len(text) < 2:

@@ -76,6 +76,12 @@ class SQuAD(LocalFiles):
         super().__init__(path, **loader)
         self.skipped = 0  # answers that could not be placed in their context
 
+    def pipeline_set(self, recipe, cache_dir):
+        from mtbench.data.base import SQUAD
+        from mtbench.data.sets import text_set
+
+        return text_set(recipe, self.location) if recipe.kind == SQUAD else super().pipeline_set(recipe, cache_dir)
+
     def squad_examples(self, count, seed):
         examples, self.skipped = parse_squad(read_text(self.location, "data.path"), self.location)
         if not examples:

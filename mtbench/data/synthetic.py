@@ -37,11 +37,23 @@ class Synthetic(DataSource):
             for _ in range(count)
         ]
 
-    def pipeline_root(self, cache_dir):
-        """A synthetic CIFAR-10 set in the real files' format, written to data.cache_dir once."""
-        from mtbench.data.ondisk import synthetic_cifar_root
+    def pipeline_set(self, recipe, cache_dir):
+        """A synthetic set in the real files' format (CIFAR-10 pickles, a text, IWSLT15's pair, a SQuAD JSON) of this
+        source's sizes and vocabularies, written to data.cache_dir once."""
+        from mtbench.data import ondisk, sets
+        from mtbench.data.base import CHARS, IMAGES, PAIRS
 
-        return synthetic_cifar_root(cache_dir, seed=0)
+        if recipe.kind == IMAGES:
+            return sets.image_set(ondisk.synthetic_cifar_root(cache_dir, seed=0),
+                                  *sets.cifar_train_transform(self.image_size))
+        if recipe.kind == CHARS:
+            alphabet = "".join(chr(32 + i) for i in range(self.char_vocab))  # char_corpus's vocabulary
+            return sets.text_set(recipe, ondisk.synthetic_text(cache_dir, alphabet))
+        if recipe.kind == PAIRS:
+            root = ondisk.synthetic_pairs(cache_dir, self.src_vocab, self.tgt_vocab, self.mean_sentence,
+                                          self.max_sentence)
+            return sets.text_set(recipe, root, src="en", tgt="vi", max_len=self.max_sentence)
+        return sets.text_set(recipe, ondisk.synthetic_squad(cache_dir, self.word_vocab))
 
     def char_corpus(self, min_chars, seed):
         rng = np.random.default_rng(seed)

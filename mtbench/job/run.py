@@ -139,7 +139,7 @@ class Job:
         self.workload.setup(ctx)
         self.until.prepare(data, self.workload)  # until.accuracy: the held-out batches, before timing
         # None for data.loader=preloaded
-        self.pipeline = open_pipeline(data, spec.batch_size, spec.seed, self.device, self.workload.TAKES_BATCHES)
+        self.pipeline = open_pipeline(data, spec.batch_size, spec.seed, self.device, self.workload.batch_recipe())
         # memory.plan: fixed, or (auto) the fastest predicted or probed plan that fits the budget
         self.planner.start(self.workload, is_oom, self.runtime_bytes)
         self.parameters = self.workload.parameter_count()
@@ -181,6 +181,8 @@ class Job:
         returned: List[StepLoss] = []
         start, end = timed_step(self.device, lambda: returned.append(self.workload.step()))
         self.sampler.mark_step(index, start, end, warmup)
+        if self.pipeline is not None:  # the loader workers' and this process's CPU, read at each step's end
+            self.pipeline.step_ended(warmup)
         # read back after the step's closing synchronization: no CPU-GPU sync point enters the timed window
         self.losses[index] = step_losses(returned[0])
         if not warmup:

@@ -12,6 +12,7 @@ from mtbench.report.figures import (fig_energy, fig_memory, fig_memory_breakdown
                                     fig_utilization)
 from mtbench.report.html import write_page
 from mtbench.report.pareto import fig_pareto
+from mtbench.report.datawait import fig_datawait
 from mtbench.report.jobs import assign_boards, by_model, find_summaries, fold_repeats, has_batch, root_labels
 from mtbench.report.tables import csv_columns, readme
 from mtbench.results.files import atomic_write, csv_text
@@ -65,6 +66,7 @@ def _write_report(jobs: List[Dict[str, Any]], unreadable: List[Dict[str, str]], 
     figures += [fig_profile(j, Path(j["_root"]), out, not_measured=not_measured) for j in jobs if j.get("profiled")]
     figures += fig_pareto(jobs, out)  # jobs that vary power.*: the time-energy front per model
     figures += fig_accuracy(groups, out)  # runs to a target (until.*): accuracy against time and energy
+    figures += fig_datawait(jobs, out)  # jobs on data.loader=dataloader: compute and data wait across data.workers
     figures = [f for f in figures if f]  # every figure file written, in order: README.md and report.html show each
     atomic_write(out / "README.md", readme(jobs, figures, unreadable, not_measured))
     write_page(jobs, figures, not_measured, unreadable, out)

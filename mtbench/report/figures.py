@@ -13,7 +13,7 @@ matplotlib.use("Agg")  # files only: no display needed
 import matplotlib.pyplot as plt  # noqa: E402
 
 from mtbench.results.console import core_ranges, cpu_by_core_type  # noqa: E402
-from mtbench.report.jobs import board_of, boards, job_label, value_at  # noqa: E402
+from mtbench.report.jobs import boards, job_label, value_at  # noqa: E402
 from mtbench.report.panels import (NotMeasured, Panel, batch_axis, lines_figure, metric, reasons, save,  # noqa: E402
                                    scalar, styles)
 

@@ -13,7 +13,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Union
 
 import torch
 
-from mtbench.data.base import DataSource
+from mtbench.data.base import BatchRecipe, DataSource
 from mtbench.errors import UsageError
 from mtbench.workload import plans
 
@@ -42,7 +42,6 @@ class Workload(abc.ABC):
 
     memory_plan: plans.MemoryPlan = plans.NONE  # how the next step runs (recompute, micro-batches)
     MICROBATCH = False  # True: `step` computes its gradients through `planned_backward`
-    TAKES_BATCHES = False  # True: `take_batch` trains the next step on a batch from data.loader=dataloader
     EVALUATES_ACCURACY = False  # True: `held_out_batches` and `accuracy` measure it on held-out data (until.accuracy)
 
     @abc.abstractmethod
@@ -61,6 +60,11 @@ class Workload(abc.ABC):
     @abc.abstractmethod
     def modules(self) -> List[torch.nn.Module]:
         """The trained networks (for parameter counts)."""
+
+    def batch_recipe(self) -> Optional[BatchRecipe]:
+        """How data.loader=dataloader makes this workload's batches from a set's files (after `setup`: it may need
+        the vocabulary); None: it trains only on the batches it prepares."""
+        return None
 
     def take_batch(self, batch: Any) -> None:
         """Train the next step on `batch` (on the device already), from data.loader=dataloader's pipeline."""
