@@ -27,6 +27,7 @@ from mtbench.job.lock import DeviceLock
 from mtbench.job.messages import Message
 from mtbench.planning.planner import Planner
 from mtbench.results import files as results, step_columns
+from mtbench.results.live import ProgressSender
 from mtbench.results.summary import build_summary
 from mtbench.sampling import Sampler, SensorUnavailable, open_sensors, windows
 from mtbench.sampling.process import ProcessSampler, SamplerError
@@ -75,6 +76,8 @@ class Job:
         self.breakdown_reason: Optional[str] = "the job ended before its measured steps"
         self.pipeline: Optional[Pipeline] = None  # data.loader=dataloader: where each step gets its batch
         self.data_wait_s: Dict[int, float] = {}  # step index -> seconds it blocked on its batch (steps.csv)
+        self.progress = ProgressSender(lambda p: self.notify(Message.PROGRESS, p),  # the parent's live line
+                                       self.spec.warmup + self.spec.steps * (2 if self.profile else 1))
 
     @property
     def target(self) -> Any:
@@ -112,6 +115,7 @@ class Job:
     def run(self) -> None:
         spec = self.spec
         torch.manual_seed(spec.seed)
+        self.progress.phase("build")
         self.power.apply()  # power modes, clocks, cores: before anything of the model exists; restored in _release
         # cuDNN tries every convolution algorithm on each new shape and keeps the fastest (TensorFlow, which the
         # paper used, does so by default); the warm-up steps absorb the trials
@@ -142,6 +146,7 @@ class Job:
         assert self.sampler is not None
         self.sampler.start()
         # skip `warmup` steps: the allocator, cuDNN autotuner and caches settle in them
+        self.progress.phase("warm-up", spec.warmup)
         for i in range(spec.warmup):
             self._timed_step(i, warmup=True)
         first = spec.warmup
@@ -149,15 +154,18 @@ class Job:
             from mtbench.job.profile import Profiler
 
             # as many unprofiled steps first (marked warm-up: not measured), to measure the profiler's overhead
+            self.progress.phase("reference (unprofiled)", spec.steps)
             for i in range(first, first + spec.steps):
                 self.reference.append(self._timed_step(i, warmup=True))
             first += spec.steps
             self.profiler = Profiler(self.device, self.workload.modules())
         peak.reset()
+        self.progress.phase("measure" + (" (profiled)" if self.profiler else ""), spec.steps)
         with self.profiler if self.profiler is not None else contextlib.nullcontext():
             for i in range(first, first + spec.steps):
                 self.durations.append(self._timed_step(i, warmup=False))
         self.mem = peak.read()
+        self.progress.phase("breakdown")
         # the workload's own figures over the measured steps, taken before the untimed step below adds one more
         self.extra = self.workload.extra_metrics(len(self.durations))
         # where the peak went: one more step under torch's MemTracker, after the measured steps and their peak
@@ -174,6 +182,7 @@ class Job:
         returned: List[StepLoss] = []
         start, end = timed_step(self.device, lambda: returned.append(self.workload.step()))
         self.sampler.mark_step(index, start, end, warmup)
+        self.progress.step(end - start)  # between steps: the live line's data, sent a few times a second at most
         # read back after the step's closing synchronization: no CPU-GPU sync point enters the timed window
         self.losses[index] = step_losses(returned[0])
         if not warmup:
@@ -284,6 +293,7 @@ def _run_locked(job: Job) -> Dict[str, Any]:
         with signals.stop_signals_deferred():
             samples = _stop_sampler(job)
             if not user_error:
+                job.progress.phase("write")
                 _write_or_say(job, samples)
                 job.notify(Message.SUMMARY, job.last_summary)  # before cleanup: a crash there must not lose it
             _release(job)

@@ -1,0 +1,155 @@
+"""Progress: the live line of a job (terminal and plain), what the job sends between steps, and where results go."""
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from rich.console import Console
+
+from mtbench.results import live
+from mtbench.results.live import LiveLine, Progress, ProcessStats, ProgressSender
+from tests.conftest import REPO, compose_cfg
+
+FAKE = ["model=squeezenet", "~model.workload.net", "~model.workload.optimizer", "~model.workload.input_shape",
+        "~model.workload.num_classes", "model.workload._target_=tests.fake_workloads.BusyLoop"]
+
+
+class Clock:
+    def __init__(self, now: float = 100.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_the_job_sends_each_phase_at_once_and_steps_a_few_times_a_second():
+    sent, clock = [], Clock()
+    sender = ProgressSender(sent.append, total_steps=3 + 100, clock=clock)
+    sender.phase("warm-up", 3)
+    for seconds in (0.9, 0.1, 0.1):  # the first warm-up step is the slow one
+        clock.now += seconds
+        sender.step(seconds)
+    sender.phase("measure", 100)
+    for _ in range(100):  # 100 steps of 10 ms: 1 s, so about 4 sends and the last step's
+        clock.now += 0.01
+        sender.step(0.01)
+    phases = [p.phase for p in sent]
+    assert phases[0] == "warm-up" and phases.count("measure") <= 1 + 1 / live.REFRESH_S + 1
+    assert sent[-1].done == 100 and sent[-1].steps == 100 and sent[-1].eta_s == 0
+    warm_done = [p for p in sent if p.phase == "warm-up" and p.done == 3][0]
+    # ETA: the steps left (100) times the median of the recent steps (0.1 s), not the slow first one
+    assert warm_done.eta_s == pytest.approx(100 * 0.1)
+    assert warm_done.last_step_s == 0.1 and warm_done.sent_s == pytest.approx(101.1)
+
+
+def test_a_parent_that_is_gone_does_not_fail_the_job():
+    def broken(progress):
+        raise BrokenPipeError(32, "Broken pipe")
+
+    sender = ProgressSender(broken, total_steps=2)
+    sender.phase("measure", 2)
+    sender.step(0.1)
+    sender.step(0.1)  # nothing raised: the line is lost, the measurement is not
+
+
+def test_off_a_terminal_one_plain_line_per_phase():
+    out, clock = io.StringIO(), Clock()
+    line = LiveLine("alexnet batch 2", plain=out, clock=clock)
+    line.update(Progress("build", sent_s=clock.now))
+    clock.now += 2.0
+    line.update(Progress("measure", 0, 20, sent_s=clock.now))
+    for k in range(1, 21):
+        clock.now += 0.1
+        line.update(Progress("measure", k, 20, 0.1, (20 - k) * 0.1, clock.now))
+        line.tick()
+    line.close(live.outcome({"success": True}))
+    assert out.getvalue().splitlines() == [
+        "  alexnet batch 2: build (0.0 s elapsed)",
+        "  alexnet batch 2: measure, 20 steps (2.0 s elapsed)",
+        "  alexnet batch 2: done (4.0 s elapsed)",
+    ]
+
+
+def test_on_a_terminal_the_line_shows_step_elapsed_eta_and_last_step_and_is_redrawn_at_most_4_times_a_second():
+    file, clock = io.StringIO(), Clock()
+    console = Console(file=file, force_terminal=True, width=200, color_system=None)
+    line = LiveLine("vgg19 batch 16", console=console, clock=clock)
+    line.update(Progress("measure", 6, 20, 0.452, 14 * 0.452, clock.now))
+    clock.now += 1.0
+    assert line.line(clock.now) == ("  vgg19 batch 16 | measure: step 7 of 20 | 1.0 s elapsed, ETA 5.3 s | "
+                                    "last step 452.0 ms")
+    line.tick()  # a second since the last draw: redrawn
+    assert "1.0 s elapsed, ETA 5.3 s" in file.getvalue()
+    drawn = file.getvalue().count("measure: step")
+    for _ in range(10):  # ten polls within 0.1 s: no redraw
+        clock.now += 0.01
+        line.tick()
+    assert file.getvalue().count("measure: step") == drawn
+    clock.now += live.REFRESH_S
+    line.tick()
+    assert file.getvalue().count("measure: step") == drawn + 1
+    line.close("done")
+    assert "done (" not in file.getvalue()  # the summary follows on a terminal; the line itself is erased
+
+
+def test_the_jobs_cpu_and_memory_come_from_its_proc_files(tmp_path):
+    proc = tmp_path / "4242"
+    proc.mkdir()
+    fields = ["S"] + ["0"] * 10 + ["{utime}", "{stime}"] + ["0"] * 30
+    stat = "4242 (python -m mtbench) " + " ".join(fields)  # a command name with spaces and a parenthesis
+    clock = Clock()
+    stats = ProcessStats(4242, proc_root=str(tmp_path), clock=clock)
+    (proc / "stat").write_text(stat.format(utime=100, stime=50))
+    (proc / "statm").write_text("1000 2048 10 1 0 500 0\n")
+    assert stats.read() == (None, 2048 * live.PAGE_BYTES)  # CPU %: from the next read's tick delta on
+    clock.now += 2.0
+    (proc / "stat").write_text(stat.format(utime=100 + 2 * live.CLOCK_TICKS, stime=50 + live.CLOCK_TICKS))
+    cpu_pct, _ = stats.read()
+    assert cpu_pct == pytest.approx(150.0)  # 3 s of CPU in 2 s of wall time: 1.5 cores
+    (proc / "stat").unlink()
+    assert stats.read() == (None, None)  # the process ended: nothing, not a zero
+
+
+def test_no_progress_is_sent_inside_a_timed_step(tmp_path, monkeypatch):
+    """The live line costs the measured steps nothing: every send happens outside every step's window."""
+    import time
+
+    from mtbench import config
+    from mtbench.job.messages import Message
+    from mtbench.job.run import run_job
+
+    monkeypatch.setattr(config, "ALLOWED_TARGET_PREFIXES", config.ALLOWED_TARGET_PREFIXES + ("tests.",))
+    sent = []
+    monkeypatch.setattr(live, "REFRESH_S", 0.0)  # a send after every step: the strictest case
+
+    def notify(kind, payload):
+        if kind == Message.PROGRESS:
+            sent.append((time.monotonic(), payload))
+
+    cfg = compose_cfg([*FAKE, "+model.workload.seconds=0.02", "warmup=1", "steps=3"])
+    run_job(cfg, tmp_path / "job", notify=notify)
+    with open(tmp_path / "job" / "steps.csv") as f:
+        windows = [(float(r["start_s"]), float(r["end_s"])) for r in csv.DictReader(f)]
+    assert len(windows) == 4
+    assert [p.phase for _, p in sent if p.done == 0] == ["build", "warm-up", "measure", "breakdown", "write"]
+    assert sum(1 for _, p in sent if p.done) == 4  # one per step (REFRESH_S 0 here)
+    for t, p in sent:
+        assert not any(start < t < end for start, end in windows), (t, p)
+        assert not any(start < p.sent_s < end for start, end in windows)
+
+
+def test_an_isolated_job_prints_its_phases_off_a_terminal(tmp_path):
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    proc = subprocess.run([sys.executable, str(REPO / "tests" / "isolated_job.py"), str(tmp_path / "job"), *FAKE,
+                           "+model.workload.seconds=0.01", "warmup=1", "steps=2"],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.rstrip("\n").splitlines()
+    assert json.loads(lines[-1])["success"]
+    phases = [line.split(": ", 1)[1].rsplit(" (", 1)[0] for line in lines[:-1] if line.startswith("  squeezenet")]
+    assert phases == ["build", "warm-up, 1 step", "measure, 2 steps", "breakdown", "write", "done"], proc.stdout
