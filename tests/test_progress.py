@@ -153,3 +153,82 @@ def test_an_isolated_job_prints_its_phases_off_a_terminal(tmp_path):
     assert json.loads(lines[-1])["success"]
     phases = [line.split(": ", 1)[1].rsplit(" (", 1)[0] for line in lines[:-1] if line.startswith("  squeezenet")]
     assert phases == ["build", "warm-up, 1 step", "measure, 2 steps", "breakdown", "write", "done"], proc.stdout
+
+
+# -- `mtbench models`: rows cached per model and overrides ------------------------------------------------------
+
+def test_models_rows_are_counted_once_then_read_from_the_cache(tmp_path, monkeypatch):
+    from mtbench.report import catalog
+    from mtbench.report.flop_cache import FlopCache
+
+    cache = FlopCache(tmp_path / "cache" / "models")
+    (first,) = catalog.model_rows(["batch=1"], names=["alexnet"], cache=cache)
+    assert cache.misses == 1 and first.flops_per_sample
+    files = list((tmp_path / "cache" / "models").iterdir())
+    assert len(files) == 1 and oct(files[0].parent.stat().st_mode & 0o777) == "0o700"
+
+    def must_not_count(name, cfg):
+        raise AssertionError(f"{name} counted again")
+
+    monkeypatch.setattr(catalog, "_row", must_not_count)
+    cache = FlopCache(tmp_path / "cache" / "models")
+    assert catalog.model_rows(["batch=1"], names=["alexnet"], cache=cache) == [first]
+    assert cache.hits == 1 and cache.misses == 0
+    # other overrides are another key: counted (here: the stand-in raises)
+    with pytest.raises(AssertionError, match="alexnet counted again"):
+        catalog.model_rows(["batch=2"], names=["alexnet"], cache=cache)
+
+
+def test_a_changed_conf_or_model_code_is_a_new_key(tmp_path, monkeypatch):
+    from mtbench.report import flop_cache
+
+    key = flop_cache.FlopCache(tmp_path).key("alexnet", ["batch=1"])
+    monkeypatch.setattr(flop_cache, "conf_digest", lambda conf: "another conf/")
+    assert flop_cache.FlopCache(tmp_path).key("alexnet", ["batch=1"]) != key
+    monkeypatch.undo()
+    monkeypatch.setattr(flop_cache, "code_digest", lambda: "other model code")
+    assert flop_cache.FlopCache(tmp_path).key("alexnet", ["batch=1"]) != key
+
+
+def test_a_planted_link_or_fifo_in_the_cache_is_a_miss_never_read(tmp_path):
+    from mtbench.report.flop_cache import FlopCache
+
+    cache = FlopCache(tmp_path / "models")
+    row = {"name": "alexnet", "parameters": 1, "paper_params": None, "flops_per_sample": 2.0, "flops_note": "",
+           "description": "d"}
+    cache.store("k1", row)
+    assert cache.load("k1") == row
+    (tmp_path / "elsewhere.json").write_text(json.dumps(row))
+    (tmp_path / "models" / "k2.json").symlink_to(tmp_path / "elsewhere.json")
+    os.mkfifo(tmp_path / "models" / "k3.json")  # opening it for reading would block without O_NONBLOCK
+    (tmp_path / "models" / "k4.json").write_text('{"parameters": "many"}')
+    assert cache.load("k2") is None and cache.load("k3") is None and cache.load("k4") is None
+    cache.store("k2", row)  # the link itself is replaced, the file it named is untouched
+    assert not (tmp_path / "models" / "k2.json").is_symlink() and cache.load("k2") == row
+    # a cache folder that is a link is refused: nothing written through it, and no error
+    (tmp_path / "linked").symlink_to(tmp_path / "target", target_is_directory=True)
+    (tmp_path / "target").mkdir()
+    FlopCache(tmp_path / "linked").store("k5", row)
+    assert list((tmp_path / "target").iterdir()) == []
+
+
+def test_a_cached_models_listing_imports_no_torch(tmp_path):
+    """`mtbench models` from a full cache composes nothing and builds nothing: no torch, about a second."""
+    code = ("import sys, json\n"
+            "from mtbench.config import group_options\n"
+            "from mtbench.report.flop_cache import FlopCache\n"
+            "cache = FlopCache()\n"
+            "for name in group_options('model'):\n"
+            "    cache.store(cache.key(name, []), {'name': name, 'parameters': 1234567, 'paper_params': None,\n"
+            "                'flops_per_sample': 4.2e9, 'flops_note': 'cached', 'description': 'from the cache'})\n"
+            "from mtbench.commands import cli\n"
+            "try:\n"
+            "    cli.main(['models'])\n"
+            "except SystemExit as exc:\n"
+            "    assert exc.code == 0, exc.code\n"
+            "print('torch imported:', 'torch' in sys.modules)\n")
+    env = dict(os.environ, PYTHONPATH=str(REPO), XDG_CACHE_HOME=str(tmp_path))
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "torch imported: False" in proc.stdout and "from the cache" in proc.stdout and "4.2" in proc.stdout
+    assert "counting FLOPs" not in proc.stdout

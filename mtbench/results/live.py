@@ -211,3 +211,48 @@ class LiveLine:
             self.plain.flush()
         else:
             self.console.print(line, markup=False, highlight=False, soft_wrap=True)
+
+
+class WorkProgress:
+    """Progress of a command's long work (`mtbench models`' FLOP counts, `mtbench predict`'s traces): a transient
+    rich bar on a terminal, one plain line at the start otherwise. `item(label)` before each piece of work."""
+
+    def __init__(self, what: str, total: int, console: Optional[Console] = None, plain: Optional[TextIO] = None):
+        if console is None:
+            from mtbench.results.console import console as default_console
+
+            console = default_console
+        self.what, self.total, self.console, self.plain = what, total, console, plain
+        self.started = 0
+        self._bar = None
+        self._task = None
+
+    def __enter__(self) -> "WorkProgress":
+        if self.total <= 0:
+            return self
+        if self.console.is_terminal and self.plain is None:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress as Bar, TextColumn, TimeElapsedColumn
+
+            self._bar = Bar(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                            console=self.console, transient=True)
+            self._bar.start()
+            self._task = self._bar.add_task(self.what, total=self.total)
+        else:
+            text = f"  {self.what}: {self.total} item{'s' if self.total != 1 else ''} ..."
+            if self.plain is not None:
+                self.plain.write(text + "\n")
+                self.plain.flush()
+            else:
+                self.console.print(text, markup=False, highlight=False, soft_wrap=True)
+        return self
+
+    def item(self, label: str) -> None:
+        """The next piece of work begins (the previous one is done)."""
+        if self._bar is not None:
+            self._bar.update(self._task, completed=self.started, description=f"{self.what}: {label}")
+        self.started += 1
+
+    def __exit__(self, *exc: object) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+            self._bar = None
