@@ -232,3 +232,38 @@ def test_a_cached_models_listing_imports_no_torch(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "torch imported: False" in proc.stdout and "from the cache" in proc.stdout and "4.2" in proc.stdout
     assert "counting FLOPs" not in proc.stdout
+
+
+# -- profile=true: steps marked in the trace, Kineto's lines off the console, the slowdown beside the figures ------
+
+def test_a_profiled_trace_marks_each_measured_step_and_kinetos_lines_stay_off_the_console(tmp_path, monkeypatch,
+                                                                                            capfd):
+    import gzip
+
+    from mtbench import config
+    from mtbench.job.run import run_job
+    from mtbench.results.console import print_summary
+
+    monkeypatch.setattr(config, "ALLOWED_TARGET_PREFIXES", config.ALLOWED_TARGET_PREFIXES + ("tests.",))
+    cfg = compose_cfg([*FAKE, "+model.workload.seconds=0.02", "warmup=1", "steps=2", "profile=true"])
+    summary = run_job(cfg, tmp_path / "job")
+    out, err = capfd.readouterr()
+    assert "USDT:" not in err + out and "profiler_start" not in err + out
+    assert "profiler_start" in (tmp_path / "job" / "profiler.log").read_text()
+    with open(tmp_path / "job" / "steps.csv") as f:
+        measured = [r for r in csv.DictReader(f) if r["warmup"] == "0"]
+    with gzip.open(tmp_path / "job" / "trace.json.gz", "rt") as f:
+        events = json.load(f)["traceEvents"]
+    marks = sorted((e for e in events if str(e.get("name")).startswith("ProfilerStep#")), key=lambda e: e["ts"])
+    # one span per measured step, numbered as steps.csv (1 warm-up + 2 reference steps come first)
+    assert [e["name"] for e in marks] == [f"ProfilerStep#{r['index']}" for r in measured] == \
+        ["ProfilerStep#3", "ProfilerStep#4"]
+    offset = summary["profile"]["clock_offset_s"]
+    for e, r in zip(marks, measured):  # each span holds its step's timed window (on the sampler's clock)
+        assert e["ts"] / 1e6 + offset <= float(r["start_s"]) + 1e-3
+        assert float(r["end_s"]) <= (e["ts"] + e["dur"]) / 1e6 + offset + 1e-3
+    assert summary["profile"]["steps_marked"] == 2
+    print_summary(summary, str(tmp_path / "job"))
+    out = capfd.readouterr().out
+    ratio = summary["profile"]["overhead_ratio"]
+    assert f"these steps ran under the profiler, {ratio:.2f}x the unprofiled median" in out

@@ -158,11 +158,13 @@ class Job:
             for i in range(first, first + spec.steps):
                 self.reference.append(self._timed_step(i, warmup=True))
             first += spec.steps
-            self.profiler = Profiler(self.device, self.workload.modules())
+            self.profiler = Profiler(self.device, self.workload.modules(), first_step=first)
         peak.reset()
         self.progress.phase("measure" + (" (profiled)" if self.profiler else ""), spec.steps)
         with self.profiler if self.profiler is not None else contextlib.nullcontext():
             for i in range(first, first + spec.steps):
+                if self.profiler is not None:  # between steps: ProfilerStep#i begins (torch's prof.step())
+                    self.profiler.step_to(i)
                 self.durations.append(self._timed_step(i, warmup=False))
         self.mem = peak.read()
         self.progress.phase("breakdown")
