@@ -267,3 +267,62 @@ def test_a_profiled_trace_marks_each_measured_step_and_kinetos_lines_stay_off_th
     out = capfd.readouterr().out
     ratio = summary["profile"]["overhead_ratio"]
     assert f"these steps ran under the profiler, {ratio:.2f}x the unprofiled median" in out
+
+
+# -- where results go: one scheme, COMMAND-FOLDER/<date>/<time>, printed at the end --------------------------------
+
+DATED = r"/\d{4}-\d\d-\d\d/\d\d-\d\d-\d\d(-\d+)?"
+
+
+def test_dated_dirs_are_made_at_once_and_never_shared(tmp_path, monkeypatch):
+    import re
+
+    from mtbench.campaign.folders import dated_dir
+
+    monkeypatch.chdir(tmp_path)
+    first, second = dated_dir("predict"), dated_dir("predict")  # the same second: the second gives way
+    assert re.fullmatch("predict" + DATED, first) and os.path.isdir(first)
+    assert second != first and os.path.isdir(second)
+
+
+def test_maxbatch_and_predict_default_to_the_scheme_and_say_where(tmp_path, monkeypatch, capsys):
+    import re
+
+    from mtbench.campaign import maxbatch
+    from mtbench.commands.predict import main_predict
+    from tests.test_memory_maxbatch import fake_board
+
+    monkeypatch.chdir(tmp_path)
+    assert maxbatch.main(["model=alexnet", "target=nano", "device=cpu"],
+                         prober=lambda overrides, batch, out_dir: fake_board(40)(batch)) == 0
+    (found,) = (tmp_path / "maxbatch").glob("*/*/maxbatch.json")
+    assert re.fullmatch("maxbatch" + DATED, found.parent.relative_to(tmp_path).as_posix())
+    assert f"results in {found.parent.relative_to(tmp_path)} (maxbatch.json" in capsys.readouterr().out
+    assert main_predict(["model=alexnet", "batch=2", "device=cpu", "max_batch=false"]) == 0
+    (found,) = (tmp_path / "predict").glob("*/*/predict.json")
+    out = capsys.readouterr().out
+    assert f"results in {found.parent.relative_to(tmp_path)} (predict.json, predict.csv)" in out
+    assert "  predicting: 1 item ..." in out  # off a terminal: one line where the work starts
+    assert not (tmp_path / "outputs").exists()
+
+
+def test_mtbench_sample_defaults_to_the_scheme(tmp_path):
+    import re
+
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    proc = subprocess.run([sys.executable, "-m", "mtbench.commands.sample", "--sensors", "none", "--", "true"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    (found,) = (tmp_path / "mtbench-sample").glob("*/*/summary.json")
+    folder = found.parent.relative_to(tmp_path).as_posix()
+    # on stderr: stdout is the measured program's
+    assert re.fullmatch("mtbench-sample" + DATED, folder) and f"results in {folder}" in proc.stderr
+
+
+def test_a_sweep_ends_saying_where_its_results_are(tmp_path, capsys):
+    from omegaconf import OmegaConf
+
+    from mtbench.campaign.sweep import SweepProgress
+
+    SweepProgress().on_multirun_end(OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path)}}}))
+    assert capsys.readouterr().out.rstrip().endswith(f"results in {tmp_path}")

@@ -252,6 +252,11 @@ class WorkProgress:
             self._bar.update(self._task, completed=self.started, description=f"{self.what}: {label}")
         self.started += 1
 
+    def note(self, label: str) -> None:
+        """What the current piece of work is doing now (a terminal's bar only)."""
+        if self._bar is not None:
+            self._bar.update(self._task, description=f"{self.what}: {label}")
+
     def __exit__(self, *exc: object) -> None:
         if self._bar is not None:
             self._bar.stop()
