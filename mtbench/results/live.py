@@ -191,7 +191,7 @@ class LiveLine:
         p = self.progress
         parts = [self.label, self.phase_text(p)]
         time_part = self.elapsed_text(now)
-        if p.eta_s is not None:
+        if p.eta_s is not None and p.steps is not None:  # steps left to run (build and breakdown are not steps)
             time_part += f", ETA {seconds_text(max(0.0, p.eta_s - (now - p.sent_s)))}"
         parts.append(time_part)
         if p.last_step_s is not None:
