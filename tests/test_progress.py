@@ -326,3 +326,24 @@ def test_a_sweep_ends_saying_where_its_results_are(tmp_path, capsys):
 
     SweepProgress().on_multirun_end(OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path)}}}))
     assert capsys.readouterr().out.rstrip().endswith(f"results in {tmp_path}")
+
+
+def test_work_progress_is_a_transient_bar_on_a_terminal_and_one_line_otherwise():
+    from mtbench.results.live import WorkProgress
+
+    plain = io.StringIO()
+    with WorkProgress("counting FLOPs", 3, plain=plain) as progress:
+        for name in ("alexnet", "vgg16", "vgg19"):
+            progress.item(name)
+    assert plain.getvalue() == "  counting FLOPs: 3 items ...\n"
+    file = io.StringIO()
+    console = Console(file=file, force_terminal=True, width=120, color_system=None)
+    with WorkProgress("counting FLOPs", 2, console=console) as progress:
+        progress.item("alexnet")
+        progress.item("vgg16")
+        assert progress._bar is not None and progress._bar.tasks[0].completed == 1
+        assert progress._bar.tasks[0].description == "counting FLOPs: vgg16"
+    assert progress._bar is None and "\x1b[?25h" in file.getvalue()  # stopped: the cursor is shown again
+    with WorkProgress("counting FLOPs", 0, plain=plain) as progress:  # nothing to do: nothing said
+        pass
+    assert plain.getvalue().count("\n") == 1

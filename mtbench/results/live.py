@@ -11,6 +11,7 @@ work for them. Power is not shown: the sampler keeps its samples in its own proc
 """
 from __future__ import annotations
 
+import atexit
 import os
 import statistics
 import time
@@ -145,6 +146,8 @@ class LiveLine:
             self._live = Live(console=console, auto_refresh=False, transient=True, redirect_stdout=False,
                               redirect_stderr=False)
             self._live.start()
+            # rich hides the cursor while the line is drawn: an error that escapes the parent's loop still shows it
+            atexit.register(self.close)
             self.tick()
 
     def watch(self, pid: int) -> None:
@@ -172,6 +175,7 @@ class LiveLine:
         if self._live is not None:
             self._live.stop()
             self._live = None
+            atexit.unregister(self.close)
         elif ending and not self.terminal:
             self._print_plain(f"{ending} ({self.elapsed_text()})")
 
