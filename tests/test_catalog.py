@@ -6,7 +6,8 @@ import torch
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence
 
-from mtbench.report.catalog import _conv_backward_mapping, _FastLSTM, model_rows
+from mtbench.report.catalog import model_rows
+from mtbench.report.flops import _conv_backward_mapping, _FastLSTM
 from mtbench.config import group_options
 
 try:

@@ -103,6 +103,14 @@ def _has_results(folder: Path) -> bool:
     return False
 
 
+def dated_dir(top: str) -> str:
+    """A command's default results folder, in the one scheme of docs/results.md ("Where results go"):
+    TOP/<YYYY-MM-DD>/<HH-MM-SS>, the first free name (free_dir), made now. Runs and sweeps get theirs from
+    conf/config.yaml (outputs/..., multirun/..., Hydra's convention) in the same shape."""
+    now = time.localtime()
+    return free_dir(os.path.join(top, time.strftime("%Y-%m-%d", now), time.strftime("%H-%M-%S", now)))
+
+
 def free_dir(path: str) -> str:
     """`path`, or `path-2`, `path-3` ... : the first that did not exist, made now (atomically: os.mkdir), so two
     runs started in the same second never share a default folder. Hydra's resolver cache keeps the answer for a

@@ -8,7 +8,6 @@ import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, field
-from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -276,7 +275,9 @@ def run(args: argparse.Namespace, prober: Optional[Callable[[List[str], int, Pat
         raise UsageError("maxbatch needs a target with a budget; allowed: target=tx2, nano, xavier_nx, "
                          "agx_xavier, orin_nano, orin_nx, agx_orin (or a GPU's own memory: target=none is "
                          "not searched)")
-    out = Path(args.out or Path("maxbatch") / datetime.now().strftime("%Y-%m-%d/%H-%M-%S"))
+    from mtbench.campaign.folders import dated_dir
+
+    out = Path(args.out or dated_dir("maxbatch"))  # the scheme of docs/results.md
     prober = prober or default_prober()
     results = []
     for model in models:
@@ -302,7 +303,7 @@ def run(args: argparse.Namespace, prober: Optional[Callable[[List[str], int, Pat
             results[-1].plan = plan
     write(out, results, fixed, target, args)
     print_table(results, target)
-    print(f"results in {out / 'maxbatch.json'}")
+    print(f"results in {out} (maxbatch.json, and each probe's job folder)")
     return 1 if any(r.error for r in results) else 0
 
 

@@ -132,3 +132,4 @@ class SweepProgress(Callback):
                           _fmt((s.get("energy_j") or {}).get("per_step_mean"), ".3f"),
                           fmt_bytes(s.get("mem_peak_bytes")))
         console.print(table)
+        console.print(f"results in {root}", markup=False, highlight=False, soft_wrap=True)

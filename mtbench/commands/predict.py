@@ -4,7 +4,6 @@ from __future__ import annotations
 import argparse
 import csv
 import io
-import time
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
@@ -99,21 +98,32 @@ def run(args: argparse.Namespace) -> int:
 
     predictor = Predictor(target_name=target, device=own.get("device", "auto"), overrides=tuple(rest),
                           calibration_path=own.get("calibration"))
-    out_dir = Path(own.get("out") or Path("outputs") / "predict" / time.strftime("%Y-%m-%d_%H-%M-%S"))
     rows = run_predictions(predictor, models, batches, want_max)
     print_table(rows, predictor)
+    from mtbench.campaign.folders import dated_dir
+
+    out_dir = Path(own.get("out") or dated_dir("predict"))  # the scheme of docs/results.md
     write(rows, out_dir)
-    print(f"predictions written to {out_dir}/predict.json and predict.csv")
+    print(f"results in {out_dir} (predict.json, predict.csv)")
     return 0
 
 
 def run_predictions(predictor, models: List[str], batches: List[int], want_max: bool) -> list:
+    """One row per model and batch (with a progress bar on a terminal: tracing a model takes seconds)."""
+    from mtbench.results.live import WorkProgress
+
+    with WorkProgress("predicting", len(models) * len(batches)) as progress:
+        return _run_predictions(predictor, models, batches, want_max, progress)
+
+
+def _run_predictions(predictor, models: List[str], batches: List[int], want_max: bool, progress) -> list:
     from mtbench.predict.predictor import failed
 
     rows = []
     for model in models:
         best = None
         for batch in batches:
+            progress.item(f"{model} batch {batch}")
             try:
                 row = predictor.predict(model, batch)
             except UsageError:
@@ -123,6 +133,7 @@ def run_predictions(predictor, models: List[str], batches: List[int], want_max: 
             rows.append(row)
         if want_max and predictor.target.memory_budget_bytes is not None and rows[-1].error is None:
             try:
+                progress.note(f"{model}: the largest batch within the budget")
                 anchor = max(r.batch_size for r in rows if r.model == model and r.error is None)
                 best, note = predictor.max_batch(model, anchor)
             except Exception as exc:

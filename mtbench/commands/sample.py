@@ -14,10 +14,10 @@ import signal
 import subprocess
 import sys
 import time
-from datetime import datetime
 from pathlib import Path
 from typing import List, Optional, Tuple
 
+from mtbench.campaign.folders import dated_dir
 from mtbench.commands.registry import SAMPLE
 from mtbench.device import env
 from mtbench.errors import ArgumentParser, UsageError, print_error
@@ -99,7 +99,7 @@ def read_marks(path: Path, warmup: int) -> Tuple[List[StepMark], List[str]]:
 def main(argv: Optional[List[str]] = None) -> None:
     try:
         args = parse_args(list(sys.argv[1:] if argv is None else argv))
-        out = Path(args.out or Path("mtbench-sample") / datetime.now().strftime("%Y-%m-%d/%H-%M-%S"))
+        out = Path(args.out or dated_dir("mtbench-sample"))  # the scheme of docs/results.md
         make_out(out)
     except UsageError as exc:
         sys.exit(print_error(exc, PROG))

@@ -22,7 +22,7 @@ from mtbench.errors import UsageError, describe_error, print_error
 from mtbench.job import signals
 from mtbench.job.messages import Message
 from mtbench.job.run import run_job
-from mtbench.results import files as results, record
+from mtbench.results import files as results, live, record
 from mtbench.results.reader import UnreadableSummary, read_summary
 from mtbench.results.summary import build_summary
 
@@ -58,14 +58,20 @@ def run_isolated(cfg: DictConfig, out_dir: Path, timing: Optional[Dict[str, floa
     child = context.Process(target=_child_main, args=(cfg, out_dir, sender, os.getpid()), name="mtbench-job")
     child.start()
     sender.close()
+    line = live.LiveLine(f"{cfg.model.name} batch {cfg.batch}", started_s=wall_start)  # progress: a line
+    line.watch(child.pid)
     messages: Dict[str, Any] = {}
     interrupted: Optional[KeyboardInterrupt] = None  # what stopped this process, if anything
     alive = True
     while True:
         try:
+            line.tick()
             if receiver.poll(0.1):
                 with signals.stop_signals_deferred():  # a message is read whole, or the pipe would lose its framing
                     kind, payload = receiver.recv()
+                if kind == Message.PROGRESS:
+                    line.update(payload)
+                    continue
                 messages[kind] = payload
             elif not alive:
                 break  # it exited and everything it sent has been read
@@ -82,6 +88,7 @@ def run_isolated(cfg: DictConfig, out_dir: Path, timing: Optional[Dict[str, floa
             if child.is_alive():
                 os.kill(child.pid, signals.stop_signal(exc))
     child.join()
+    line.close(None if Message.USAGE in messages else live.outcome(messages.get(Message.SUMMARY)))
     restore_power(out_dir)
     receiver.close()
     if timing is not None:

@@ -15,3 +15,4 @@ class Message(str, enum.Enum):
     TERMINATED = "terminated"  # the signal number: SIGTERM or SIGHUP stopped the job
     CRASHED = "crashed"  # an error outside the job's own handling (CUDA failed to start): one line
     CHILD_SECONDS = "child_seconds"  # the job process's own run time, fork to last message
+    PROGRESS = "progress"  # a results.live.Progress between steps, for the parent's live line

@@ -6,12 +6,21 @@ Clock calibration: the profiler stamps events on its own clock. Just before the 
 after them the runner opens an empty `record_function("mtbench::clock_sync")` between two reads of
 time.monotonic(); the event's midpoint is matched to the midpoint of the two reads, which gives the offset
 (error below half the bracket, a few microseconds), and the second sync measures the drift between them.
+
+Steps: the profiler runs under a schedule that records throughout, so torch marks each step with a
+`ProfilerStep#N` span (N: the step's index in steps.csv), which HolisticTraceAnalysis and TensorBoard's profiler
+read as steps; the job calls `step_to(index)` between steps, as torch's `prof.step()` is meant to be called.
+Kineto's own lines (`USDT: ... profiler_start`, `STAGE: ...`), which it writes to the process's stderr when the
+profiler starts and stops, go to profiler.log in the job's folder instead of the console.
 """
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
 import os
+import re
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -19,7 +28,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
-from torch.profiler import ProfilerActivity, profile, record_function
+from torch.profiler import ProfilerAction, ProfilerActivity, profile, record_function
 
 from mtbench.job import kernel_ops
 from mtbench.results.files import atomic_write, csv_text
@@ -31,15 +40,48 @@ from mtbench.sampling.windows import cpu_utilization
 SYNC = "mtbench::clock_sync"
 HOST_CATS = ("cpu_op", "user_annotation")
 BACKWARD_PREFIX = "autograd::engine::evaluate_function: "
+KINETO_LINE = re.compile(r"^(USDT|STAGE):\d{4}-\d\d-\d\d ")  # e.g. "USDT:2026-12-01 22:44:29 7981:7981 ...] profiler_start"
+
+
+def _record_always(step: int) -> ProfilerAction:
+    """The schedule: every step recorded (a schedule is what makes torch write its ProfilerStep#N spans)."""
+    return ProfilerAction.RECORD
+
+
+@contextlib.contextmanager
+def kineto_lines_captured(lines: List[str]):
+    """Inside the block, the process's stderr (fd 2, where Kineto's C++ code writes) goes to a temporary file; after
+    it, Kineto's lines are appended to `lines` and anything else is written to stderr as it came. Used only around
+    the profiler's start and stop, never around a step."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as captured:
+        os.dup2(captured.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            captured.seek(0)
+            text = captured.read().decode("utf-8", "replace")
+            other = []
+            for line in text.splitlines(keepends=True):
+                (lines if KINETO_LINE.match(line) else other).append(line)
+            if other:
+                sys.stderr.write("".join(other))
+                sys.stderr.flush()
 
 
 class Profiler:
     """Wraps the profiled steps: `with prof:` around them, then `finish(...)` writes the files."""
 
-    def __init__(self, device: torch.device, modules: Sequence[torch.nn.Module]) -> None:
+    def __init__(self, device: torch.device, modules: Sequence[torch.nn.Module], first_step: int = 0) -> None:
         os.environ.setdefault("KINETO_LOG_LEVEL", "5")  # quiet Kineto's start/stop lines
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-        self.prof = profile(activities=activities)
+        self.prof = profile(activities=activities, schedule=_record_always)
+        self.prof.step_num = first_step  # ProfilerStep#N numbered as the job's steps (steps.csv's index)
+        self.kineto_lines: List[str] = []
         self.syncs: List[Tuple[float, float, int]] = []  # (bracket midpoint, width, which sync point)
         self.layers: List[Interval] = []
         self._hooks: List[Any] = []
@@ -78,13 +120,21 @@ class Profiler:
 
     def __enter__(self) -> "Profiler":
         self._hook_layers()
-        self.prof.__enter__()
+        with kineto_lines_captured(self.kineto_lines):
+            self.prof.__enter__()  # opens ProfilerStep#first_step
         self._sync_mark()
         return self
 
+    def step_to(self, index: int) -> None:
+        """Between steps, before step `index`: the previous ProfilerStep span ends and #index begins (torch's
+        prof.step(); the first step's span opened with the profiler)."""
+        while self.prof.step_num < index:
+            self.prof.step()
+
     def __exit__(self, *exc: object) -> None:
         self._sync_mark()
-        self.prof.__exit__(*exc)
+        with kineto_lines_captured(self.kineto_lines):
+            self.prof.__exit__(*exc)
         for h in self._hooks:
             h.remove()
 
@@ -179,6 +229,8 @@ def finish(profiler: Profiler, samples: Samples, steps: Sequence[Tuple[float, fl
     atomic_write(out_dir / "ops.csv", csv_text(header, rows))
     if kernel_table:  # which kernels each op's GPU row is made of
         atomic_write(out_dir / "kernels.csv", csv_text(kernel_ops.KERNELS_HEADER, kernel_table))
+    if profiler.kineto_lines:  # kept off the console, kept here
+        atomic_write(out_dir / "profiler.log", "".join(profiler.kineto_lines))
     layer_header, layer_rows, layer_check = attribute(profiler.layers, steps, samples, interval_ms)
     atomic_write(out_dir / "layers.csv", csv_text(layer_header, layer_rows))
     pid = next((e.get("pid") for e in events if e.get("ph") == "X"), 0)
@@ -196,7 +248,29 @@ def finish(profiler: Profiler, samples: Samples, steps: Sequence[Tuple[float, fl
         "layers_coverage_of_step_time": layer_check["coverage"],
         "steps_energy_j": check["steps_energy_j"],
         "ops_energy_j": check["rows_energy_j"],
-        "files": ["ops.csv", "layers.csv", "trace.json.gz"] + (["kernels.csv"] if kernel_table else []),
+        "files": ["ops.csv", "layers.csv", "trace.json.gz"] + (["kernels.csv"] if kernel_table else [])
+        + (["profiler.log"] if profiler.kineto_lines else []),
+        # the ProfilerStep#N spans in the trace (HolisticTraceAnalysis's and TensorBoard's steps)
+        "steps_marked": sum(1 for e in events if e.get("ph") == "X" and str(e.get("name")).startswith("ProfilerStep#")),
         "_header": header,
         "_rows": rows,
+    }
+
+
+def job_figures(profiler: Profiler, samples: Samples, marks: Sequence[Any], interval_ms: float, out_dir: Path,
+                reference: Sequence[float], durations: Sequence[float]) -> Dict[str, Any]:
+    """summary.json's `profile`: the files written by `finish`, the top ops printed, and the profiler's overhead
+    (profiled against the unprofiled `reference` steps' median)."""
+    from mtbench.results.console import print_top_ops
+    from mtbench.results.files import stats
+
+    steps = [(m.start_s, m.end_s) for m in marks if not m.warmup]
+    figures = finish(profiler, samples, steps, interval_ms, out_dir)
+    print_top_ops(figures.pop("_header"), figures.pop("_rows"))
+    unprofiled, profiled = stats(list(reference)), stats(list(durations))
+    return {
+        "steps": len(durations),
+        "unprofiled_step_time_s": unprofiled,
+        "overhead_ratio": profiled["median"] / unprofiled["median"] if unprofiled and profiled else None,
+        **figures,
     }

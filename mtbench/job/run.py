@@ -28,6 +28,7 @@ from mtbench.job.messages import Message
 from mtbench.job.until import TargetRun
 from mtbench.planning.planner import Planner
 from mtbench.results import files as results, loggers, record, step_columns
+from mtbench.results.live import ProgressSender
 from mtbench.results.summary import build_summary
 from mtbench.sampling import Sampler, SensorUnavailable, open_sensors, windows
 from mtbench.sampling.process import ProcessSampler, SamplerError
@@ -79,6 +80,8 @@ class Job:
         self.pipeline: Optional[Pipeline] = None  # data.loader=dataloader: where each step gets its batch
         self.data_wait_s: Dict[int, float] = {}  # step index -> seconds it blocked on its batch (steps.csv)
         self.core_types: Optional[List[Dict[str, Any]]] = None  # a Jetson's cores and their types (env.jetson)
+        self.progress = ProgressSender(lambda p: self.notify(Message.PROGRESS, p),  # the parent's live line
+                                       self.spec.warmup + self.spec.steps * (2 if self.profile else 1))
 
     @property
     def target(self) -> Any:
@@ -116,6 +119,7 @@ class Job:
     def run(self) -> None:
         spec = self.spec
         torch.manual_seed(spec.seed)
+        self.progress.phase("build")
         self.power.apply()  # power modes, clocks, cores: before anything of the model exists; restored in _release
         # cuDNN tries every convolution algorithm on each new shape and keeps the fastest (TensorFlow, which the
         # paper used, does so by default); the warm-up steps absorb the trials
@@ -147,6 +151,7 @@ class Job:
         assert self.sampler is not None
         self.sampler.start()
         # skip `warmup` steps: the allocator, cuDNN autotuner and caches settle in them
+        self.progress.phase("warm-up", spec.warmup)
         for i in range(spec.warmup):
             self._timed_step(i, warmup=True)
         first = spec.warmup
@@ -154,17 +159,22 @@ class Job:
             from mtbench.job.profile import Profiler
 
             # as many unprofiled steps first (marked warm-up: not measured), to measure the profiler's overhead
+            self.progress.phase("reference (unprofiled)", spec.steps)
             for i in range(first, first + spec.steps):
                 self.reference.append(self._timed_step(i, warmup=True))
             first += spec.steps
-            self.profiler = Profiler(self.device, self.workload.modules())
+            self.profiler = Profiler(self.device, self.workload.modules(), first_step=first)
         peak.reset()
+        self.progress.phase("measure" + (" (profiled)" if self.profiler else ""), spec.steps)
         with self.profiler if self.profiler is not None else contextlib.nullcontext():
             for i in range(first, first + spec.steps):
+                if self.profiler is not None:  # between steps: ProfilerStep#i begins (torch's prof.step())
+                    self.profiler.step_to(i)
                 self.durations.append(self._timed_step(i, warmup=False))
                 if self.until.reached(self, i, last=i == first + spec.steps - 1):
                     break
         self.mem = peak.read()
+        self.progress.phase("breakdown")
         # the workload's own figures over the measured steps, taken before the untimed step below adds one more
         self.extra = self.workload.extra_metrics(len(self.durations))
         # where the peak went: one more step under torch's MemTracker, after the measured steps and their peak
@@ -183,6 +193,7 @@ class Job:
         self.sampler.mark_step(index, start, end, warmup)
         if self.pipeline is not None:  # the loader workers' and this process's CPU, read at each step's end
             self.pipeline.step_ended(warmup)
+        self.progress.step(end - start)  # between steps: the live line's data, sent a few times a second at most
         # read back after the step's closing synchronization: no CPU-GPU sync point enters the timed window
         self.losses[index] = step_losses(returned[0])
         if not warmup:
@@ -295,6 +306,7 @@ def _run_locked(job: Job) -> Dict[str, Any]:
         with signals.stop_signals_deferred():
             samples = _stop_sampler(job)
             if not user_error:
+                job.progress.phase("write")
                 _write_or_say(job, samples)
                 job.notify(Message.SUMMARY, job.last_summary)  # before cleanup: a crash there must not lose it
             _release(job)
@@ -356,19 +368,9 @@ def _profile(job: Job, samples) -> Optional[Dict[str, Any]]:
     if job.profiler is None or samples is None or job.sampler is None or job.failure is not None:
         return None
     from mtbench.job import profile as profiling
-    from mtbench.results.console import print_top_ops
 
-    steps = [(m.start_s, m.end_s) for m in job.sampler.marks if not m.warmup]
-    figures = profiling.finish(job.profiler, samples, steps, job.interval_ms, job.out_dir)
-    print_top_ops(figures.pop("_header"), figures.pop("_rows"))
-    reference = results.stats(job.reference)
-    profiled = results.stats(job.durations)
-    return {
-        "steps": len(job.durations),
-        "unprofiled_step_time_s": reference,
-        "overhead_ratio": profiled["median"] / reference["median"] if reference and profiled else None,
-        **figures,
-    }
+    return profiling.job_figures(job.profiler, samples, job.sampler.marks, job.interval_ms, job.out_dir,
+                                 job.reference, job.durations)
 
 
 def _write(job: Job, samples) -> None:

@@ -7,6 +7,13 @@ panel a machine measured nothing for is left out and listed as "not measured: wh
 """
 from __future__ import annotations
 
-from mtbench.report.build import make_report
-
 __all__ = ["make_report"]
+
+
+def __getattr__(name: str):
+    # on first use, not at import: `mtbench models` (report.catalog) need not load matplotlib
+    if name == "make_report":
+        from mtbench.report.build import make_report
+
+        return make_report
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -46,6 +46,8 @@ def print_summary(summary: Dict[str, Any], out_dir: str, compact: bool = False) 
     table.add_row("step time", f"median {_num(step.get('median'), '.4f', ' s')}  "
                   f"p90 {_num(step.get('p90'), '.4f', ' s')}  ({summary['measured_steps']} steps)")
     table.add_row("throughput", _num(summary.get("throughput_samples_per_s"), ".2f", " samples/s"))
+    if (summary.get("profile") or {}).get("overhead_ratio"):  # profile=true: the figures above are of slowed steps
+        table.add_row("profiler", profiler_slowdown(summary["profile"]))
     cpu = summary.get("cpu_util_pct") or {}
     per_core = " ".join(_num(c, ".0f") for c in cpu.get("per_core") or [])
     by_type = cpu_by_core_type(summary)  # a Jetson: each core type apart (a TX2's Denver2 and A57 cores)
@@ -204,6 +206,13 @@ def breakdown_line(summary: Dict[str, Any]) -> str:
              ("activations", "activations"), ("inputs", "inputs"), ("other", "other"))
     line = ", ".join(f"{label} {fmt_bytes(parts.get(key))}" for key, label in names)
     return f"{line} of {fmt_bytes(parts.get('tracked_peak'))} tracked (one extra step)"
+
+
+def profiler_slowdown(profile: Dict[str, Any]) -> str:
+    """profile=true: how much slower the profiled steps ran than as many unprofiled ones."""
+    reference = (profile.get("unprofiled_step_time_s") or {}).get("median")
+    return (f"these steps ran under the profiler, {profile['overhead_ratio']:.2f}x the unprofiled median "
+            f"{_num(reference, '.4f', ' s')} (profile.overhead_ratio)")
 
 
 def print_top_ops(header, rows, top: int = 8) -> None:
