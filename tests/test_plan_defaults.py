@@ -18,7 +18,7 @@ MICRO = [MemoryPlan(microbatch=2), MemoryPlan(microbatch=4)]
 MODELS = {
     "tinycnn": [*TINY_JOB, "batch=8"],
     "mobilenetv2": ["model=mobilenetv2", "data.image_size=8", "model.workload.net.width_mult=0.25", "batch=8"],
-    "resnet50": ["model=resnet50", "data.image_size=8", "model.workload.net.width_per_group=4", "batch=8"],
+    "resnet50": ["model=resnet50", "data.image_size=8", "model.workload.net.width_per_group=2", "batch=4"],
     "vgg16": ["model=vgg16", "data.image_size=32", "batch=2"],
 }
 
@@ -39,8 +39,13 @@ def real_tensor_peak(cfg, plan: MemoryPlan) -> int:
     return int(parts["tracked_peak"])
 
 
-@pytest.mark.parametrize("model", sorted(MODELS))
-@pytest.mark.parametrize("kind, plans", [("recompute", REC), ("microbatch", MICRO)])
+# TinyCNN under every plan; the suite's CNNs (slower to trace) under one plan of each kind
+CASES = [("tinycnn", "recompute", REC), ("tinycnn", "microbatch", MICRO)] + [
+    (m, kind, plans) for m in ("mobilenetv2", "resnet50", "vgg16")
+    for kind, plans in (("recompute", REC[1:2]), ("microbatch", MICRO[:1]))]
+
+
+@pytest.mark.parametrize("model, kind, plans", CASES)
 def test_the_predicted_tensor_peak_of_each_plan_is_within_5_percent_of_a_real_step(monkeypatch, model, kind, plans):
     """The bound the predictor's peak is held to (issue 26), per plan kind, on CPU: its traced tensor peak (fake
     tensors) against a real step's. The memory that is not tensors is not in it: on an uncalibrated CPU auto does
@@ -49,8 +54,6 @@ def test_the_predicted_tensor_peak_of_each_plan_is_within_5_percent_of_a_real_st
     monkeypatch.setattr(config, "ALLOWED_TARGET_PREFIXES", config.ALLOWED_TARGET_PREFIXES + ("tests.",))
     cfg = compose_cfg(MODELS[model])
     predictor = plan_select.job_predictor(cfg, "cpu", 1 << 40)
-    if model == "vgg16":  # the largest: one plan of each kind is enough (its microbatch/2: a batch of 1 each)
-        plans = plans[1:2] if kind == "recompute" else plans[:1]
     for plan in plans:
         predicted = plan_select.predict_plan(predictor, str(cfg.model.name), int(cfg.batch), plan).tensors_bytes
         real = real_tensor_peak(cfg, plan)
@@ -69,6 +72,8 @@ def _no_mallopt(monkeypatch, calls=None):
     from mtbench.device import peak
 
     def fake(mode, budgeted):
+        if mode == "auto":  # as peak.set_cpu_malloc: live for a job held to a budget
+            mode = "live" if budgeted else "glibc"
         if calls is not None:
             calls.append(mode)
         threshold = {"cached": 32 << 20, "live": 128 << 10}.get(mode)
