@@ -37,8 +37,8 @@ image_size: the CNNs' input size (VGG keeps 32: its five pools need it); at 32 (
 minutes on a 2-vCPU VM with select=probes (82-90 jobs). retime=resnet50,...: the throughput jobs again, for these
 models, on the searches of the earlier run in out=DIR (a timing that another process disturbed).
 Goals: recompute >= 2x the plain largest batch on at least 4 of 5 models with throughput >= 0.7x; auto >= 4.33x on
-at least 4 of 5 with throughput >= 0.7x (issue 26); no auto or recompute job over its budget. auto is probed first at ceil(4.33 x plain) (the goal); only when that does not
-fit is its largest batch searched below it, so "auto >= Nx" means the goal batch fitted (its true largest batch
+at least 4 of 5 with throughput >= 0.7x (issue 26); no auto or recompute job over its budget. auto is probed first
+at ceil(4.33 x plain) (the goal); only when that does not fit is its largest batch searched below it, so "auto >= Nx" means the goal batch fitted (its true largest batch
 may be larger).
 """
 from __future__ import annotations
