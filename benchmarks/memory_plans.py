@@ -54,9 +54,12 @@ from typing import Any, Dict, List, Optional
 
 from hydra import compose, initialize_config_dir
 
-from mtbench.config import conf_dir
-from mtbench.campaign.maxbatch import DOES_NOT_FIT, Probe, search
-from mtbench.job.isolation import run_isolated
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))  # this checkout's mtbench, not an installed one
+
+from mtbench.config import conf_dir  # noqa: E402
+from mtbench.campaign.maxbatch import DOES_NOT_FIT, Probe, search  # noqa: E402
+from mtbench.job.isolation import run_isolated  # noqa: E402
 
 MODELS = ["resnet50", "vgg16", "mobilenetv2", "inceptionv1", "squeezenet"]
 NEEDS_32 = {"vgg16", "vgg19"}  # five 2x2 pools: a 16x16 image would shrink to nothing
@@ -250,7 +253,7 @@ def torch_budget_probe(base: List[str], batch: int, fraction: float, malloc: str
     out.mkdir(parents=True, exist_ok=True)
     began = time.monotonic()
     done = subprocess.run([sys.executable, __file__, CHILD, json.dumps(spec)], capture_output=True, text=True,
-                          timeout=3600, env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)})
+                          timeout=3600, env={**os.environ, "PYTHONPATH": str(REPO)})
     (out / f"b{batch}-{malloc}.log").write_text(done.stdout + done.stderr)
     lines = [ln for ln in done.stdout.splitlines() if ln.startswith("{")]
     if done.returncode != 0 or not lines:

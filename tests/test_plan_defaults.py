@@ -146,6 +146,10 @@ def test_plans_whose_costs_cannot_be_told_apart_are_both_probed_and_the_faster_w
     assert probed == [a, b] and choice.plan == b, choice.considered
     assert "skipped" in choice.considered[0] and "least probed step time" in choice.chosen_because
     # without a guide (the predictor cannot trace): the first that fits, in the order given
+    # a later plan faster by less than PROBE_TIME_TIE: the first in order keeps it (one step's time is noisy)
+    near = plan_select.choose_by_probes([NONE, a, b, c], 1000, lambda p: {**probe(p), "step_time_s": {
+        a: 0.3, b: 0.3 * (1 - plan_select.PROBE_TIME_TIE / 2)}.get(p, 0.5)}, guide)
+    assert near.plan == a
     probed.clear()
     assert plan_select.choose_by_probes([NONE, a, b, c], 1000, probe).plan == NONE and probed == [NONE]
 
