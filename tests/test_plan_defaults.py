@@ -102,6 +102,21 @@ def test_auto_does_not_trust_an_uncalibrated_cpu_peak_it_probes_in_the_traces_or
     assert plan["label"].startswith("recompute"), plan  # the fake probe: recomputation halves 8000 bytes
 
 
+def test_a_trusted_predictor_without_step_times_orders_by_the_traces_and_probes(run, monkeypatch, tmp_path):
+    """A trusted peak (as on CUDA) but no step time (no calibration, target none has no peak figures): not a fixed
+    list's first fit; the traces' order, the predicted peak skipping the plans that do not fit, a probe confirming."""
+    pytest.importorskip("torch.distributed._tools.mem_tracker")
+    monkeypatch.setenv("MTBENCH_CALIBRATION_DIR", str(tmp_path / "no-calibration"))
+    monkeypatch.setattr(plan_select, "peak_untrusted", lambda *args: None)
+    monkeypatch.setattr(plan_select, "probe_step", _fake_probe(batch=8))
+    _no_mallopt(monkeypatch)
+    summary = run([*TINY_JOB, "batch=8", "warmup=1", "steps=1", "memory.plan=auto", "memory.budget_gb=1000"])
+    plan = summary["memory_plan"]
+    assert plan["method"] == "probes" and plan["predictor_peak_trusted"] is True and plan["order"] == "trace", plan
+    assert "no step time" in plan["chosen_because"] and plan["label"] == "none"
+    assert plan["considered"][0]["predicted_peak_bytes"] > 0
+
+
 def _step(flops: float, ops: int, optimizer_ops: int = 10) -> plan_cost.TracedStep:
     return plan_cost.TracedStep(int(flops), ops, optimizer_ops)
 

@@ -71,8 +71,12 @@ class Guide:
 
     plans: List[MemoryPlan]
     costs: Dict[MemoryPlan, plan_cost.PlanCost]
-    tensor_bytes: Dict[MemoryPlan, int]
-    untrusted_because: str
+    tensor_bytes: Dict[MemoryPlan, int]  # the bound: traced tensors, or (a trusted predictor) its predicted peak
+    untrusted_because: Optional[str]  # None: the predictor's peak is trusted (it has no step time to order by)
+
+    @property
+    def bound_name(self) -> str:
+        return "traced_tensor_bytes" if self.untrusted_because else "predicted_peak_bytes"
 
 
 # The predictor's CPU peak is its traced tensor peak (exact for every plan: tests/test_plan_defaults.py) plus the
@@ -169,15 +173,15 @@ def choose_by_probes(plans: List[MemoryPlan], budget: int,
         row: Dict[str, Any] = plan.to_dict()
         if guide is not None:
             row["expected_cost"] = guide.costs[plan].to_dict()
-            row["traced_tensor_bytes"] = guide.tensor_bytes.get(plan)
+            row[guide.bound_name] = guide.tensor_bytes.get(plan)
         if first is not None:
             if guide is None or unsure_left == 0 or not plan_cost.unsure(guide.costs[first], guide.costs[plan]):
                 break
             unsure_left -= 1
-        tensors = row.get("traced_tensor_bytes")
-        if tensors is not None and tensors > budget:
-            rows.append({**row, "fits": False, "skipped": f"its traced tensors alone ({tensors} bytes) exceed the "
-                                                          "budget"})
+        bound = row.get(guide.bound_name) if guide is not None else None
+        if guide is not None and bound is not None and bound > budget:
+            what = "traced tensors alone" if guide.untrusted_because else "predicted peak"
+            rows.append({**row, "fits": False, "skipped": f"its {what} ({bound} bytes) exceed the budget"})
             continue
         p = probe(plan)
         fits = not p["oom"] and _fits(p["peak_bytes"], budget)
@@ -216,10 +220,10 @@ def choose_by_probes(plans: List[MemoryPlan], budget: int,
 
 
 def guide_from_traces(plans: List[MemoryPlan], trace: Callable[[MemoryPlan], Any], batchnorm: bool,
-                      why: str) -> Guide:
-    """trace(plan) -> (TracedStep, traced tensor peak in bytes). Traces `none` and each recomputation share among
-    `plans` (a micro-batch plan runs the FLOPs of the same plan without micro-batches, and its ops once per
-    micro-batch: plan_cost), and orders the plans by expected cost."""
+                      why: Optional[str]) -> Guide:
+    """trace(plan) -> (TracedStep, the bound in bytes: the traced tensor peak, or a trusted predictor's peak).
+    Traces `none` and each recomputation share among `plans` (a micro-batch plan runs the FLOPs of the same plan
+    without micro-batches, and its ops once per micro-batch: plan_cost), and orders the plans by expected cost."""
     base = {dataclasses.replace(p, microbatch=1) for p in plans} | {NONE}
     traced = {p: trace(p) for p in sorted(base, key=lambda p: (p.segments != 0, p.share))}
     bounds = {p: int(t[1]) for p, t in traced.items()}
@@ -241,12 +245,24 @@ def job_predictor(cfg: Any, device_type: str, budget_bytes: int) -> Any:
     return predictor
 
 
-def traced_plan(predictor: Any, model: str, batch: int, plan: MemoryPlan) -> Any:
-    """(TracedStep, traced tensor peak) of one step under `plan`, for guide_from_traces."""
+def traced_plan(predictor: Any, model: str, batch: int, plan: MemoryPlan, peak: bool = False) -> Any:
+    """(TracedStep, traced tensor peak, or with `peak` the predicted peak) of one step under `plan`, for
+    guide_from_traces."""
     prediction = predict_plan(predictor, model, batch, plan)
     trace, _ = predictor.trace(model, batch)  # cached by predict_plan
     optimizer_ops = int(trace.op_classes.get("optimizer", {}).get("ops", 0))
-    return plan_cost.TracedStep(prediction.flops, prediction.ops, optimizer_ops), prediction.tensors_bytes
+    bound = prediction.peak_bytes if peak else prediction.tensors_bytes
+    return plan_cost.TracedStep(prediction.flops, prediction.ops, optimizer_ops), bound
+
+
+def has_step_time(predictor: Any) -> bool:
+    """Whether the predictor predicts step times here: a calibration's time model, or the target's peak figures
+    (a roofline)."""
+    cal = getattr(predictor, "calibration", None)
+    if cal is not None and (cal.time_coef is not None or cal.op_coef is not None):
+        return True
+    target = predictor.target
+    return bool(target.peak_fp32_flops and target.dram_bandwidth_bytes_per_s)
 
 
 def predict_plan(predictor: Any, model: str, batch: int, plan: MemoryPlan) -> Any:

@@ -259,14 +259,15 @@ class Planner:
                 model = str(self.cfg.model.name)
                 untrusted = None if self.select == "predictor" else plan_select.peak_untrusted(
                     self.device.type, calibrated_non_tensor(predictor), plans)
-                if untrusted is None:
+                if untrusted is None and (self.select == "predictor" or plan_select.has_step_time(predictor)):
                     choice = plan_select.choose_by_prediction(
                         plans, self.budget_bytes, lambda p: plan_select.predict_plan(predictor, model, batch, p),
                         batchnorm)
                     choice.predictor_peak_trusted = True
                     return choice
-                guide = plan_select.guide_from_traces(
-                    plans, lambda p: plan_select.traced_plan(predictor, model, batch, p), batchnorm, untrusted)
+                # no trusted peak, or no step time to compare plans by: probes, in the order the traces give
+                guide = plan_select.guide_from_traces(plans, lambda p: plan_select.traced_plan(
+                    predictor, model, batch, p, peak=untrusted is None), batchnorm, untrusted)
             except Exception as exc:  # no predictor here (torch < 2.5), or it cannot trace this step: probe
                 if self.select == "predictor" and isinstance(exc, UsageError):
                     raise
@@ -275,12 +276,17 @@ class Planner:
         if not probe:
             self.guide = guide
             return plan_select.Choice(NONE, "probes-needed", reason or "", predictor_peak_trusted=(
-                False if guide is not None else None), untrusted_because=guide.untrusted_because if guide else None)
+                guide.untrusted_because is None if guide else None),
+                untrusted_because=guide.untrusted_because if guide else None)
         choice = plan_select.choose_by_probes(plans, self.budget_bytes, lambda p: plan_select.probe_step(
             workload, p, self.device, self.runtime_bytes, self.is_oom, self.budget_bytes), guide)
         if guide is not None:
-            choice.predictor_peak_trusted, choice.untrusted_because = False, guide.untrusted_because
-            choice.chosen_because += f" (the predictor's peak is not trusted here: {guide.untrusted_because})"
+            choice.predictor_peak_trusted = guide.untrusted_because is None
+            choice.untrusted_because = guide.untrusted_because
+            choice.chosen_because += (f" (the predictor's peak is not trusted here: {guide.untrusted_because})"
+                                      if guide.untrusted_because else " (the predictor has no step time here: its "
+                                      "traces order the plans; a plan whose predicted peak exceeds the budget is not "
+                                      "probed)")
         elif reason:
             choice.chosen_because += f" (the predictor could not be used: {reason})"
         return choice
