@@ -164,7 +164,9 @@ def choose_by_probes(plans: List[MemoryPlan], budget: int,
     there). With one (the predictor's traces): in its order of expected cost, skipping the plans whose traced
     tensors alone exceed the budget; after the first that fits, the next plans whose cost interval overlaps its
     own (up to UNSURE_PROBES) are probed too, and the least probed step time among those that fit wins."""
-    order = guide.plans if guide is not None else plans
+    if guide is not None and any(p not in guide.costs for p in plans):
+        guide = None  # traced for other candidates (a shell whose blocks differ from the built workload's)
+    order = [p for p in guide.plans if p in plans] if guide is not None else plans
     rows: List[Dict[str, Any]] = []
     fitting: List[Any] = []
     first: Optional[MemoryPlan] = None
