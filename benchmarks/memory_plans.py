@@ -11,7 +11,22 @@ own process, as `mtbench maxbatch` runs them. After the searches, each plan is t
 the budget, to show what the budget's allocator setting costs.
 
     python benchmarks/memory_plans.py [models=resnet50,vgg16,mobilenetv2,inceptionv1,squeezenet] [select=auto]
-                                      [image_size=16] [out=DIR] [retime=MODEL,...] [malloc=cached]
+                                      [image_size=16] [out=DIR] [retime=MODEL,...] [malloc=cached] [torch_budget=1]
+                                      [extra=OVERRIDE;OVERRIDE] [timed=defaults]
+
+The defaults are mtbench's (select=auto, memory.cpu_malloc=auto in the searches). torch_budget=1 (default): a row of
+torch's own automatic activation checkpointing under a memory budget beside mtbench's plans: the same model and
+byte budget, the network through torch.compile with torch._functorch.config.activation_memory_budget (the min-cut
+partitioner keeps that fraction of the activation memory and recomputes the rest). The fraction for a batch B is
+what the budget leaves for activations at B, from the plain calibration probes (the peak at 8 and 16: a fixed part
+and a per-sample slope): (budget - fixed) / (slope x B), at most 1. Each probe is a fresh interpreter (a compile per
+batch; minutes for ResNet-50 on a small CPU); its peak is the resident high-water mark over 3 steps after two compiling
+warm-up steps, less what was resident before those steps other than the held tensors (parameters, gradients, optimizer
+state, batches): the compiler's own memory is not the training's. Where torch.compile fails here (inductor needs a C++
+compiler), the row says why. extra: further config overrides for every job (e.g. a smaller width for a quick check).
+timed=defaults (default): recompute and auto are timed as the jobs a user runs, held to the budget with every other
+default (auto chooses memory.cpu_malloc: cached where the budget has room for its heap); timed=fixed: as before, each
+plan fixed, without the budget, under malloc= (none is always timed so: plain training at its own largest batch).
 
 malloc: memory.cpu_malloc of the throughput jobs (not of the searches, which run held to the budget: live). cached
 (default): glibc keeps freed memory for the next tensors, as a board's GPU caching allocator does; with glibc's own
@@ -22,8 +37,8 @@ image_size: the CNNs' input size (VGG keeps 32: its five pools need it); at 32 (
 minutes on a 2-vCPU VM with select=probes (82-90 jobs). retime=resnet50,...: the throughput jobs again, for these
 models, on the searches of the earlier run in out=DIR (a timing that another process disturbed).
 Goals: recompute >= 2x the plain largest batch on at least 4 of 5 models with throughput >= 0.7x; auto >= 4.33x on
-every model with throughput >= 0.7x. auto is probed first at ceil(4.33 x plain) (the goal); only when that does not
-fit is its largest batch searched below it, so "auto >= Nx" means the goal batch fitted (its true largest batch
+at least 4 of 5 with throughput >= 0.7x (issue 26); no auto or recompute job over its budget. auto is probed first
+at ceil(4.33 x plain) (the goal); only when that does not fit is its largest batch searched below it, so "auto >= Nx" means the goal batch fitted (its true largest batch
 may be larger).
 """
 from __future__ import annotations
@@ -39,9 +54,12 @@ from typing import Any, Dict, List, Optional
 
 from hydra import compose, initialize_config_dir
 
-from mtbench.config import conf_dir
-from mtbench.campaign.maxbatch import DOES_NOT_FIT, Probe, search
-from mtbench.job.isolation import run_isolated
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))  # this checkout's mtbench, not an installed one
+
+from mtbench.config import conf_dir  # noqa: E402
+from mtbench.campaign.maxbatch import DOES_NOT_FIT, Probe, search  # noqa: E402
+from mtbench.job.isolation import run_isolated  # noqa: E402
 
 MODELS = ["resnet50", "vgg16", "mobilenetv2", "inceptionv1", "squeezenet"]
 NEEDS_32 = {"vgg16", "vgg19"}  # five 2x2 pools: a 16x16 image would shrink to nothing
@@ -112,14 +130,17 @@ def plan_overrides(label: Optional[str]) -> Optional[List[str]]:
 TIMED = {"warmup": 1, "steps": 3}  # the throughput jobs: the first step (block profiling, oneDNN primitive caches) untimed
 
 
-def timed(prober: Prober, base: List[str], held: List[str], batch: int, label: Optional[str], name: str
-          ) -> Dict[str, Any]:
+def timed(prober: Prober, base: List[str], held: List[str], batch: int, label: Optional[str], name: str,
+          setting: Optional[str] = None) -> Dict[str, Any]:
     """Samples/s of the plan `label` at `batch`: batch / median of the measured steps' times. Without the budget
     (a budgeted CPU job fixes glibc's mmap threshold, which costs page faults: measured apart as malloc_cost), so
     every plan runs under the allocator setting of `base` (its memory.cpu_malloc); a plan only auto expresses runs
-    under auto and the budget (`held`: its probe steps are outside the measured steps)."""
-    fixed = plan_overrides(label)
-    overrides = [*base, *fixed] if fixed is not None else [*held, "memory.plan=auto", "memory.select=probes"]
+    under auto and the budget (`held`: its probe steps are outside the measured steps). With `setting` (timed=defaults):
+    the job a user runs, memory.plan=`setting` held to the budget with every other default (auto's choice of plan and
+    of memory.cpu_malloc, its probes outside the measured steps)."""
+    fixed = plan_overrides(label) if setting is None else None
+    overrides = ([*base, *fixed] if fixed is not None else [*held, f"memory.plan={setting}"] if setting else
+                 [*held, "memory.plan=auto", "memory.select=probes"])
     s = prober.run(overrides, batch, name, **TIMED)
     if not s.get("success"):
         failure = s.get("failure") or {}
@@ -129,13 +150,14 @@ def timed(prober: Prober, base: List[str], held: List[str], batch: int, label: O
     print(f"    {name} batch {batch} under {ran}: {batch / median:.2f} samples/s (median of {s['measured_steps']} "
           f"steps, {median:.3f} s)", flush=True)
     return {"batch": batch, "samples_per_s": batch / median, "plan": ran, "under_budget": fixed is None,
-            "step_time_s": s["step_time_s"]}
+            "step_time_s": s["step_time_s"], "cpu_malloc": (s.get("cpu_malloc") or {}).get("setting"),
+            "cpu_malloc_because": ((s.get("memory_plan") or {}).get("cpu_malloc") or {}).get("chosen_because")}
 
 
 def bench_model(model: str, prober: Prober, select: str, image_size: int, malloc: str = "cached"
                 ) -> Dict[str, Any]:
     size = 32 if model in NEEDS_32 else image_size
-    base = [f"model={model}", "device=cpu", f"data.image_size={size}"]
+    base = [f"model={model}", "device=cpu", f"data.image_size={size}", *EXTRA]
     began = time.monotonic()
     # the budget: plain training's peak at 16 plus two samples (per-sample slope from batch 8 to 16), measured as a
     # job held to a budget measures it (a budget far above the peak: the same allocator setting, nothing fails)
@@ -174,6 +196,8 @@ def bench_model(model: str, prober: Prober, select: str, image_size: int, malloc
     at_goal = prober.summaries.get((f"{model}/auto", auto["max_batch"])) or {}
     auto["chosen_because"] = (at_goal.get("memory_plan") or {}).get("chosen_because")
     row["auto"] = auto
+    if TORCH_BUDGET["on"]:
+        row["torch_budget"] = torch_budget_search(base, budget, p8, p16, n0, goal, prober.out / model / "torch")
     row["search_seconds"] = time.monotonic() - began
     time_plans(row, prober, malloc)
     row["seconds"] = time.monotonic() - began
@@ -184,7 +208,7 @@ def time_plans(row: Dict[str, Any], prober: Prober, malloc: str = "cached") -> N
     """Throughput, after the searches: each plan at its own largest batch, one job after the other, with glibc's
     malloc as `malloc` says (memory.cpu_malloc; a job held to the budget keeps its own: live)."""
     model, n0 = row["model"], row["none"]["max_batch"]
-    common = [f"model={model}", "device=cpu", f"data.image_size={row['image_size']}"]
+    common = [f"model={model}", "device=cpu", f"data.image_size={row['image_size']}", *EXTRA]
     held = [*common, f"memory.budget_gb={row['budget_bytes'] / 2**30!r}"]
     base = [*common, f"memory.cpu_malloc={malloc}"]
     row["timed_cpu_malloc"] = malloc
@@ -192,7 +216,8 @@ def time_plans(row: Dict[str, Any], prober: Prober, malloc: str = "cached") -> N
         p = row.get(plan) or {}
         if p.get("max_batch"):
             label = "none" if plan == "none" else p.get("plan")
-            p["timed"] = timed(prober, base, held, p["max_batch"], label, f"{model}/time-{plan}")
+            setting = plan if plan != "none" and TIMED_DEFAULTS["on"] else None
+            p["timed"] = timed(prober, base, held, p["max_batch"], label, f"{model}/time-{plan}", setting)
             p["throughput"] = p["timed"]["samples_per_s"]
     # what recomputation itself costs, apart from the batch: none at recompute's batch (without the budget)
     nr = row["recompute"].get("max_batch")
@@ -205,6 +230,136 @@ def time_plans(row: Dict[str, Any], prober: Prober, malloc: str = "cached") -> N
     row["malloc_cost"] = {"held_samples_per_s": held_tp, "ratio": ratio(held_tp, row["none"]["throughput"])}
     row["timed_load_average"] = os.getloadavg()
 
+# -- torch's own activation memory budget (torch.compile), beside mtbench's plans --------------------------------
+TORCH_BUDGET = {"on": True}
+TIMED_DEFAULTS = {"on": True}  # timed=defaults: recompute and auto timed as the budgeted default jobs
+EXTRA: List[str] = []  # extra= overrides for every job
+CHILD = "_torch_budget_probe"  # argv[1] of the fresh interpreter that runs one compiled probe
+
+
+def activation_fraction(budget: int, p8: int, p16: int, batch: int) -> float:
+    """The share of the activation memory that fits at `batch`: what the budget leaves above plain training's fixed
+    part (the calibration probes' line through batch 8 and 16), over the activations' bytes at `batch`; in [0, 1]."""
+    slope = max(1.0, (p16 - p8) / 8)
+    fixed = p16 - 16 * slope
+    return max(0.0, min(1.0, (budget - fixed) / (slope * batch)))
+
+
+def torch_budget_probe(base: List[str], batch: int, fraction: float, malloc: str, out: Path) -> Dict[str, Any]:
+    """One compiled probe in a fresh interpreter (no fork: inductor's compile workers): its JSON answer."""
+    import subprocess
+
+    spec = {"overrides": [*base, f"batch={batch}"], "fraction": fraction, "malloc": malloc}
+    out.mkdir(parents=True, exist_ok=True)
+    began = time.monotonic()
+    done = subprocess.run([sys.executable, __file__, CHILD, json.dumps(spec)], capture_output=True, text=True,
+                          timeout=3600, env={**os.environ, "PYTHONPATH": str(REPO)})
+    (out / f"b{batch}-{malloc}.log").write_text(done.stdout + done.stderr)
+    lines = [ln for ln in done.stdout.splitlines() if ln.startswith("{")]
+    if done.returncode != 0 or not lines:
+        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        return {"ok": False, "error": f"exit {done.returncode}: {tail[:300]}", "seconds": time.monotonic() - began}
+    return {**json.loads(lines[-1]), "seconds": time.monotonic() - began}
+
+
+def _held_bytes(workload: Any) -> int:
+    """Tensors held between steps: parameters, gradients, optimizer state, the prepared batches."""
+    import torch
+
+    storages: Dict[int, int] = {}
+
+    def add(t: Any) -> None:
+        if isinstance(t, torch.Tensor):
+            st = t.untyped_storage()
+            storages[st.data_ptr()] = st.nbytes()
+        elif isinstance(t, (list, tuple)):
+            for x in t:
+                add(x)
+        elif isinstance(t, dict):
+            for x in t.values():
+                add(x)
+
+    for net in workload.modules():
+        for p in net.parameters():
+            add(p)
+            add(p.grad)
+        for b in net.buffers():
+            add(b)
+    add([v for st in workload.optimizer.state.values() for v in st.values()])
+    add([v for v in vars(workload).values() if not isinstance(v, torch.nn.Module)])
+    return int(sum(storages.values()))
+
+
+def _child(spec: Dict[str, Any]) -> None:
+    """The compiled probe: the job's workload with its network through torch.compile under the activation budget;
+    two compiling warm-up steps, then 3 steps whose resident peak and times (median) count."""
+    import torch
+    import torch._functorch.config as functorch_config
+
+    from mtbench.config import instantiate
+    from mtbench.device import peak
+    from mtbench.workload.base import SetupContext
+
+    held_malloc = peak.set_cpu_malloc(spec["malloc"], budgeted=True)
+    functorch_config.activation_memory_budget = float(spec["fraction"])
+    with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=spec["overrides"])
+    workload = instantiate(cfg.model.workload, "model.workload")
+    workload.setup(SetupContext(torch.device("cpu"), int(cfg.batch), instantiate(cfg.data, "data"), seed=0,
+                                batches=1))
+    workload.net = torch.compile(workload.net)  # the optimizer holds the same parameters
+    for _ in range(2):  # compiles the forward and the backward (the partitioner decides what is recomputed); the
+        workload.step()  # second step still recompiled here (torch 2.14: the first measured step took 13x the next)
+    before = peak.current_rss_bytes() or 0
+    held = _held_bytes(workload)
+    meter = peak.PeakMemory(torch.device("cpu"))
+    meter.reset()
+    times = []
+    for _ in range(3):
+        began = time.perf_counter()
+        workload.step()
+        times.append(time.perf_counter() - began)
+    hwm = meter.read().get("mem_peak_bytes")
+    compared = None if hwm is None else int(hwm) - (before - held)
+    print(json.dumps({"ok": True, "peak_bytes": compared, "held_bytes": held, "step_times_s": times,
+                      "cpu_malloc": (held_malloc or {}).get("setting"), "torch": torch.__version__}), flush=True)
+
+
+def torch_budget_search(base: List[str], budget: int, p8: int, p16: int, n0: int, goal: int, out: Path
+                        ) -> Dict[str, Any]:
+    """The largest batch whose compiled step fits the budget, the fraction set per batch (activation_fraction):
+    first at mtbench's goal (ceil(4.33 x plain)), else searched from plain's largest batch; then its throughput
+    (the median of 3 steps after the compile, memory.cpu_malloc=cached as the other throughput jobs)."""
+    def fits_at(batch: int) -> Probe:
+        fraction = activation_fraction(budget, p8, p16, batch)
+        r = torch_budget_probe(base, batch, fraction, "live", out)
+        if not r.get("ok"):
+            return Probe(batch, False, "error", r.get("error"), None, r["seconds"], f"budget {fraction:.2f}")
+        ok = r["peak_bytes"] is not None and r["peak_bytes"] <= budget
+        print(f"    torch budget batch {batch} (activation_memory_budget {fraction:.2f}): {'fits' if ok else 'over'}, "
+              f"{_mib(r['peak_bytes'])} MiB, {r['seconds']:.0f} s", flush=True)
+        return Probe(batch, ok, None if ok else "budget", None, r["peak_bytes"], r["seconds"], f"{fraction:.2f}")
+
+    first = fits_at(goal)
+    if first.kind == "error":
+        return {"max_batch": None, "error": f"torch.compile failed here: {first.message}"}
+    if first.fits:
+        best, limit_reached = goal, True
+    else:
+        below = search(fits_at, start=n0, limit=goal - 1, tolerance=0.3)
+        if below.error:
+            return {"max_batch": None, "error": below.error}
+        best, limit_reached = below.max_batch, False
+    row: Dict[str, Any] = {"max_batch": best, "limit_reached": limit_reached,
+                           "activation_memory_budget": activation_fraction(budget, p8, p16, best) if best else None}
+    if best:
+        r = torch_budget_probe(base, best, row["activation_memory_budget"], "cached", out)
+        if r.get("ok"):
+            row["throughput"] = best / sorted(r["step_times_s"])[len(r["step_times_s"]) // 2]
+        else:
+            row["timing_error"] = r.get("error")
+    return row
+
 
 def ratio(a: Optional[float], b: Optional[float]) -> Optional[float]:
     return a / b if a is not None and b else None
@@ -216,8 +371,9 @@ def print_table(rows: List[Dict[str, Any]]) -> None:
 
     print("\n| model | image | budget MiB | none: max batch | samples/s | recompute: max batch | x none | "
           "throughput x none | recompute x none at the same batch | auto: max batch | x none | throughput x none | "
-          "auto's plan at its max | budget's malloc setting: throughput x |")
-    print("|" + "---|" * 14)
+          "auto's plan at its max | budget's malloc setting: throughput x | torch budget: max batch | x none | "
+          "throughput x none |")
+    print("|" + "---|" * 17)
     met = {"recompute": 0, "auto": 0}
     for r in rows:
         if "none" not in r or not r["none"]["max_batch"]:
@@ -238,25 +394,41 @@ def print_table(rows: List[Dict[str, Any]]) -> None:
                 met[plan] += 1
         cells.append(str((r.get("auto") or {}).get("plan")))
         cells.append(f((r.get("malloc_cost") or {}).get("ratio")))
+        tb = r.get("torch_budget") or {}
+        if tb.get("error") or "torch_budget" not in r:
+            cells += [str(tb.get("error") or "not run (torch_budget=0)"), "n/a", "n/a"]
+        else:
+            mark = ">= " if tb.get("limit_reached") else ""
+            cells += [f"{mark}{tb.get('max_batch')}", f"{mark}{f(ratio(tb.get('max_batch'), n0))}x",
+                      f(ratio(tb.get("throughput"), t0))]
         print("| " + " | ".join(cells) + " |")
     print(f"\ngoals met: recompute >= 2x with >= 0.7x throughput on {met['recompute']} of {len(rows)} (goal: 4 of 5); "
-          f"auto >= 4.33x with >= 0.7x throughput on {met['auto']} of {len(rows)} (goal: every model)")
+          f"auto >= 4.33x with >= 0.7x throughput on {met['auto']} of {len(rows)} (goal: 4 of 5)")
     malloc = {r.get("timed_cpu_malloc", "glibc") for r in rows}
     print("throughput: samples/s at each plan's own largest batch, batch / median of 3 steps after a warm-up step, "
-          f"without the budget, memory.cpu_malloc={'/'.join(sorted(malloc))} (* : under auto and the budget, a plan "
-          "no fixed setting expresses); recompute x none at the same batch: recomputation's own cost, apart from the "
+          f"without the budget, memory.cpu_malloc={'/'.join(sorted(malloc))} (* : the job held to the budget, with "
+          "timed=defaults its memory.plan and every other default; else under auto, a plan no fixed setting "
+          "expresses); recompute x none at the same batch: recomputation's own cost, apart from the "
           "batch's; last column: none at its largest batch held to the budget (glibc's mmap threshold fixed: live) "
           "over the same without it")
 
 
 def main(argv: List[str]) -> None:
+    if argv[:1] == [CHILD]:
+        _child(json.loads(argv[1]))
+        return
     opts = {"models": ",".join(MODELS), "select": "auto", "image_size": "16", "out": "", "retime": "",
-            "malloc": "cached"}
+            "malloc": "cached", "torch_budget": "1", "extra": "", "timed": "defaults"}
     for a in argv:
         key, _, value = a.partition("=")
         if key not in opts:
             sys.exit(f"memory_plans.py: error: {key!r} is not known; allowed: {', '.join(opts)}")
         opts[key] = value
+    TORCH_BUDGET["on"] = opts["torch_budget"] not in ("0", "false", "no")
+    if opts["timed"] not in ("defaults", "fixed"):
+        sys.exit(f"memory_plans.py: error: timed={opts['timed']!r}; allowed: defaults, fixed")
+    TIMED_DEFAULTS["on"] = opts["timed"] == "defaults"
+    EXTRA[:] = [o for o in opts["extra"].split(";") if o]
     out = Path(opts["out"] or tempfile.mkdtemp(prefix="mtbench-memory-plans-"))
     prober = Prober(out)
     began = time.monotonic()
@@ -277,6 +449,11 @@ def main(argv: List[str]) -> None:
         rows.append(bench_model(model, prober, opts["select"], int(opts["image_size"]), opts["malloc"]))
         (out / "memory_plans.json").write_text(json.dumps(rows, indent=2) + "\n")
     print_table(rows)
+    planned = [s for s in prober.summaries.values() if (s.get("memory_plan") or {}).get("budget_bytes")
+               and (s.get("memory_plan") or {}).get("setting") in ("auto", "recompute")]
+    over = [s for s in planned if (s.get("memory_plan") or {}).get("over_budget_bytes")]
+    print(f"auto and recompute jobs over their budget: {len(over)} of {len(planned)} (goal: none)"
+          + "".join(f"; {s['model']} b{s['batch_size']} {s['memory_plan']['setting']}" for s in over))
     print(f"\n{prober.jobs} probe jobs in {time.monotonic() - began:.0f} s; load average after: {os.getloadavg()}; "
           f"results in {out / 'memory_plans.json'}")
 

@@ -468,6 +468,8 @@ def test_a_predicted_plan_is_confirmed_by_a_probe_and_replaced_when_it_does_not_
     """auto never trains over its budget on the predictor's word (issue 26): the predicted plan runs a probe step;
     here the predictor says `none` fits 4000 bytes, the probe measures 8000, and the probes' choice replaces it."""
     monkeypatch.setattr(plan_select, "job_predictor", lambda cfg, device_type, budget_bytes: object())
+    monkeypatch.setattr(plan_select, "peak_untrusted", lambda *args: None)  # a trusted predictor (CUDA, calibrated)
+    monkeypatch.setattr(plan_select, "has_step_time", lambda predictor: True)
     monkeypatch.setattr(plan_select, "choose_by_prediction", lambda plans, budget, predict, batchnorm=False:
                         plan_select.Choice(NONE, "predictor", "the least predicted time that fits",
                                            predicted_peak_bytes=3000))
@@ -486,6 +488,8 @@ def test_a_predicted_plan_is_confirmed_by_a_probe_and_replaced_when_it_does_not_
 
 def test_a_predicted_plan_whose_probe_fits_is_kept_and_says_so(run, monkeypatch):
     monkeypatch.setattr(plan_select, "job_predictor", lambda cfg, device_type, budget_bytes: object())
+    monkeypatch.setattr(plan_select, "peak_untrusted", lambda *args: None)  # a trusted predictor (CUDA, calibrated)
+    monkeypatch.setattr(plan_select, "has_step_time", lambda predictor: True)
     monkeypatch.setattr(plan_select, "choose_by_prediction", lambda plans, budget, predict, batchnorm=False:
                         plan_select.Choice(MemoryPlan(microbatch=4), "predictor", "the least predicted time that fits",
                                            predicted_peak_bytes=1900))

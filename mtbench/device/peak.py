@@ -61,6 +61,7 @@ M_MMAP_THRESHOLD = -3  # glibc's mallopt parameters (malloc.h)
 M_TRIM_THRESHOLD = -1
 MMAP_THRESHOLD_BYTES = 128 * 1024  # glibc's own initial threshold, here kept fixed (memory.cpu_malloc=live)
 CACHED_MMAP_BYTES = 32 * 2**20  # glibc's DEFAULT_MMAP_THRESHOLD_MAX on 64-bit: the ceiling of its own dynamic rule
+LIVE_TRIM_BYTES = 128 * 1024  # glibc's own M_TRIM_THRESHOLD, set again by live (cached may have raised it before)
 CACHED_TRIM_BYTES = 2**31 - 1  # mallopt takes a C int: the largest, so the heap's top is not given back
 
 
@@ -104,7 +105,8 @@ def hold_malloc_to_live_memory() -> Dict[str, Any]:
     (The resident peak with and without it: docs/benchmarks.md "Figures behind design choices".) `mallopt` fixes it (and turns the
     dynamic adjustment off) for the rest of the process; large tensors then cost a page fault per page every
     time they are made. Returns what was set, for summary.json, or why nothing was (not glibc)."""
-    return _hold("live", {M_MMAP_THRESHOLD: MMAP_THRESHOLD_BYTES}, MMAP_THRESHOLD_BYTES,
+    return _hold("live", {M_MMAP_THRESHOLD: MMAP_THRESHOLD_BYTES, M_TRIM_THRESHOLD: LIVE_TRIM_BYTES},
+                 MMAP_THRESHOLD_BYTES,
                  "glibc's mmap threshold fixed (mallopt): freed tensors above it go back to the kernel, so the "
                  "resident peak counts what the job holds, not what glibc keeps for reuse")
 

@@ -9,6 +9,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 import torch
 
+from mtbench.planning import cost as plan_cost
 from mtbench.workload.plans import AUTO_SEGMENTS, NONE, SHARES, MemoryPlan
 
 log = logging.getLogger("mtbench")
@@ -56,6 +57,49 @@ class Choice:
     predicted_step_time_s: Optional[float] = None
     probed_peak_bytes: Optional[int] = None
     considered: List[Dict[str, Any]] = field(default_factory=list)  # every candidate with its figures
+    # whether the predictor's peak decided (None: it was not asked), and why not
+    predictor_peak_trusted: Optional[bool] = None
+    untrusted_because: Optional[str] = None
+    order: str = "fixed"  # how the candidates were ordered: "fixed" (expected_cost), "trace" (plan_cost), "time"
+
+
+@dataclass
+class Guide:
+    """What the predictor's traces tell the probes where its peak is not trusted: the candidates in order of expected
+    cost, each one's cost interval, and the traced tensor peak, a lower bound of the measured one (a plan whose
+    tensors alone exceed the budget is not probed)."""
+
+    plans: List[MemoryPlan]
+    costs: Dict[MemoryPlan, plan_cost.PlanCost]
+    tensor_bytes: Dict[MemoryPlan, int]  # the bound: traced tensors, or (a trusted predictor) its predicted peak
+    untrusted_because: Optional[str]  # None: the predictor's peak is trusted (it has no step time to order by)
+
+    @property
+    def bound_name(self) -> str:
+        return "traced_tensor_bytes" if self.untrusted_because else "predicted_peak_bytes"
+
+
+# The predictor's CPU peak is its traced tensor peak (exact for every plan: tests/test_plan_defaults.py) plus the
+# memory that is not tensors (oneDNN's reordered weights, the libraries' pages a step touches, glibc's small-block
+# heap): an assumed 256 MiB without a calibration, and a calibration is fitted on plain runs, while recomputation
+# changes that memory (measured on a small MobileNetV2: 52 MB plain, 61-67 MB recomputing; docs/memory.md).
+UNTRUSTED_CPU = ("on a CPU its peak adds an assumed figure for the memory that is not tensors (no calibration of "
+                 "this device: `mtbench calibrate`); the traced tensor peak is exact and only bounds the peak from "
+                 "below")
+UNTRUSTED_RECOMPUTE = ("on a CPU the calibrated memory that is not tensors was fitted on plain runs; recomputation "
+                       "changes it (+17-28 % measured)")
+
+
+def peak_untrusted(device_type: str, calibrated_non_tensor: bool, plans: List[MemoryPlan]) -> Optional[str]:
+    """Why the predictor's peak cannot decide among `plans` within 5 % (docs/memory.md), or None where it can (a
+    CUDA device: its allocator model and the cuBLAS workspace; the choice is still confirmed by a probe)."""
+    if device_type == "cuda":
+        return None
+    if not calibrated_non_tensor:
+        return UNTRUSTED_CPU
+    if any(p.segments for p in plans):
+        return UNTRUSTED_RECOMPUTE
+    return None
 
 
 def _fits(peak: Optional[int], budget: Optional[int]) -> bool:
@@ -109,25 +153,85 @@ def choose_by_prediction(plans: List[MemoryPlan], budget: int,
                   considered=rows)
 
 
+UNSURE_PROBES = 3  # plans probed after the first that fits, whose expected cost cannot be told from its
+PROBE_TIME_TIE = 0.05  # probed step times within 5 % of the least: the plan first in order of expected cost wins
+
+
 def choose_by_probes(plans: List[MemoryPlan], budget: int,
-                     probe: Callable[[MemoryPlan], Dict[str, Any]]) -> Choice:
-    """probe(plan) -> {"peak_bytes", "step_time_s", "oom"}: one real, unmeasured training step under the plan.
-    The first plan, in order of expected step time, whose probed peak fits (probing stops there)."""
-    rows = []
-    for plan in plans:
+                     probe: Callable[[MemoryPlan], Dict[str, Any]], guide: Optional[Guide] = None) -> Choice:
+    """probe(plan) -> {"peak_bytes", "step_time_s", "oom"}: real, unmeasured training steps under the plan.
+    Without a guide: the first plan, in the order given (expected_cost), whose probed peak fits (probing stops
+    there). With one (the predictor's traces): in its order of expected cost, skipping the plans whose traced
+    tensors alone exceed the budget; after the first that fits, the next plans whose cost interval overlaps its
+    own (up to UNSURE_PROBES) are probed too, and the least probed step time among those that fit wins."""
+    if guide is not None and any(p not in guide.costs for p in plans):
+        guide = None  # traced for other candidates (a shell whose blocks differ from the built workload's)
+    order = [p for p in guide.plans if p in plans] if guide is not None else plans
+    rows: List[Dict[str, Any]] = []
+    fitting: List[Any] = []
+    first: Optional[MemoryPlan] = None
+    unsure_left = UNSURE_PROBES
+    for plan in order:
+        row: Dict[str, Any] = plan.to_dict()
+        if guide is not None:
+            row["expected_cost"] = guide.costs[plan].to_dict()
+            row[guide.bound_name] = guide.tensor_bytes.get(plan)
+        if first is not None:
+            if guide is None or unsure_left == 0 or not plan_cost.unsure(guide.costs[first], guide.costs[plan]):
+                break
+            unsure_left -= 1
+        bound = row.get(guide.bound_name) if guide is not None else None
+        if guide is not None and bound is not None and bound > budget:
+            what = "traced tensors alone" if guide.untrusted_because else "predicted peak"
+            rows.append({**row, "fits": False, "skipped": f"its {what} ({bound} bytes) exceed the budget"})
+            continue
         p = probe(plan)
         fits = not p["oom"] and _fits(p["peak_bytes"], budget)
-        rows.append({**plan.to_dict(), "probed_peak_bytes": p["peak_bytes"], "probed_step_time_s": p["step_time_s"],
+        rows.append({**row, "probed_peak_bytes": p["peak_bytes"], "probed_step_time_s": p["step_time_s"],
                      "probed_steps": p.get("steps"), "oom": p["oom"], "fits": fits})
         if fits:
-            why = (f"first in order of expected cost whose probed peak ({p['peak_bytes']} bytes, the higher of "
-                   f"{p.get('steps', 1)} steps) fits "
-                   f"{budget} bytes; {len(rows) - 1} plan(s) before it did not")
-            return Choice(plan, "probes", why, probed_peak_bytes=p["peak_bytes"], considered=rows)
-    ok = [(r, plan) for r, plan in zip(rows, plans) if not r["oom"] and r["probed_peak_bytes"] is not None]
-    r, plan = min(ok, key=lambda rp: rp[0]["probed_peak_bytes"]) if ok else (rows[-1], plans[-1])
+            fitting.append((plan, p))
+            first = first or plan
+    if fitting:
+        plan, p = fitting[0]
+        probed = sum(1 for r in rows if "probed_peak_bytes" in r)
+        why = (f"first in order of expected cost whose probed peak ({p['peak_bytes']} bytes, the higher of "
+               f"{p.get('steps', 1)} steps) fits {budget} bytes; {probed - len(fitting)} probed plan(s) before it "
+               "did not")
+        if len(fitting) > 1:
+            # one probed step's time is noisy (a few %): a later plan wins only when clearly faster
+            best = min(fp[1]["step_time_s"] for fp in fitting)
+            plan, p = next(fp for fp in fitting if fp[1]["step_time_s"] <= best * (1 + PROBE_TIME_TIE))
+            why = (f"least probed step time ({p['step_time_s']:.4g} s) of {len(fitting)} plans that fit {budget} "
+                   f"bytes whose expected costs the trace cannot tell apart (first that fit: {fitting[0][0].label})")
+        if guide is not None:
+            why = "order: expected cost from the trace's FLOPs and ops; " + why
+        return Choice(plan, "probes", why, probed_peak_bytes=p["peak_bytes"], considered=rows,
+                      order="trace" if guide is not None else "fixed")
+    probed_rows = [(r, plan) for r, plan in zip(rows, order) if "probed_peak_bytes" in r]
+    ok = [(r, plan) for r, plan in probed_rows if not r["oom"] and r["probed_peak_bytes"] is not None]
+    if ok:
+        r, plan = min(ok, key=lambda rp: rp[0]["probed_peak_bytes"])
+    else:
+        r, plan = rows[-1], order[len(rows) - 1]
     why = f"no plan's probed peak fits {budget} bytes: the smallest probed peak ({plan.label})"
-    return Choice(plan, "probes", why, probed_peak_bytes=r["probed_peak_bytes"], considered=rows)
+    if not probed_rows:
+        why = f"no plan fits {budget} bytes: every plan's traced tensors alone exceed it ({plan.label}, the last)"
+    return Choice(plan, "probes", why, probed_peak_bytes=r.get("probed_peak_bytes"), considered=rows,
+                  order="trace" if guide is not None else "fixed")
+
+
+def guide_from_traces(plans: List[MemoryPlan], trace: Callable[[MemoryPlan], Any], batchnorm: bool,
+                      why: Optional[str]) -> Guide:
+    """trace(plan) -> (TracedStep, the bound in bytes: the traced tensor peak, or a trusted predictor's peak).
+    Traces `none` and each recomputation share among `plans` (a micro-batch plan runs the FLOPs of the same plan
+    without micro-batches, and its ops once per micro-batch: plan_cost), and orders the plans by expected cost."""
+    base = {dataclasses.replace(p, microbatch=1) for p in plans} | {NONE}
+    traced = {p: trace(p) for p in sorted(base, key=lambda p: (p.segments != 0, p.share))}
+    bounds = {p: int(t[1]) for p, t in traced.items()}
+    costs = {p: plan_cost.plan_cost(p, traced[NONE][0], traced[dataclasses.replace(p, microbatch=1)][0])
+             for p in plans}
+    return Guide(plan_cost.order_by_cost(plans, costs, batchnorm), costs, bounds, why)
 
 
 def job_predictor(cfg: Any, device_type: str, budget_bytes: int) -> Any:
@@ -141,6 +245,26 @@ def job_predictor(cfg: Any, device_type: str, budget_bytes: int) -> Any:
                           job_config=cfg)
     predictor.target = dataclasses.replace(predictor.target, memory_budget_bytes=budget_bytes)
     return predictor
+
+
+def traced_plan(predictor: Any, model: str, batch: int, plan: MemoryPlan, peak: bool = False) -> Any:
+    """(TracedStep, traced tensor peak, or with `peak` the predicted peak) of one step under `plan`, for
+    guide_from_traces."""
+    prediction = predict_plan(predictor, model, batch, plan)
+    trace, _ = predictor.trace(model, batch)  # cached by predict_plan
+    optimizer_ops = int(trace.op_classes.get("optimizer", {}).get("ops", 0))
+    bound = prediction.peak_bytes if peak else prediction.tensors_bytes
+    return plan_cost.TracedStep(prediction.flops, prediction.ops, optimizer_ops), bound
+
+
+def has_step_time(predictor: Any) -> bool:
+    """Whether the predictor predicts step times here: a calibration's time model, or the target's peak figures
+    (a roofline)."""
+    cal = getattr(predictor, "calibration", None)
+    if cal is not None and (cal.time_coef is not None or cal.op_coef is not None):
+        return True
+    target = predictor.target
+    return bool(target.peak_fp32_flops and target.dram_bandwidth_bytes_per_s)
 
 
 def predict_plan(predictor: Any, model: str, batch: int, plan: MemoryPlan) -> Any:

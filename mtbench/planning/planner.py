@@ -5,8 +5,7 @@ import dataclasses
 import logging
 import os
 import sys
-from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional
 
 import torch
 
@@ -16,59 +15,14 @@ from mtbench.device.select import sync
 from mtbench.device.targets import Target
 from mtbench.config import setting
 from mtbench.errors import UsageError
-from mtbench.regular_files import KIB, read_regular
 from mtbench.planning import choose as plan_select
+from mtbench.planning.malloc import choose_cpu_malloc
+from mtbench.planning.budget_file import BudgetFile, read_budget_file  # noqa: F401 - tests import it here
 from mtbench.workload.plans import NONE, MemoryPlan, PlanSettings, settings_from_cfg
 
 log = logging.getLogger("mtbench")
 
 ALLOC_CONF = "PYTORCH_CUDA_ALLOC_CONF"
-
-
-def read_budget_file(path: Path) -> Optional[int]:
-    """The budget in a watched file: one number, in GiB (e.g. `1.5`), optionally followed by `GiB`; or a whole
-    number followed by `bytes`. None when the file is missing or empty; ValueError when it holds anything else
-    (also a value too large to be a number of bytes: `1e400`, `inf`); RefusedFile (an OSError) when it is not a
-    regular file (a FIFO would block the job) or larger than 4 KiB."""
-    try:
-        text = read_regular(str(path), 4 * KIB).decode("utf-8", errors="replace").strip()
-    except FileNotFoundError:
-        return None
-    if not text:
-        return None
-    words = text.split()
-    try:
-        if len(words) == 2 and words[1].lower() == "bytes":
-            value = int(words[0])
-        elif len(words) == 1 or (len(words) == 2 and words[1].lower() == "gib"):
-            value = int(float(words[0]) * 2**30)
-        else:
-            raise ValueError(text)
-    except (ValueError, OverflowError):  # int(float("1e400") * 2**30): an infinite budget is no budget
-        raise ValueError(f"{path}: {text[:60]!r} is not a budget; allowed: a number of GiB (1.5), '1.5 GiB' or "
-                         "'1610612736 bytes'") from None
-    if value <= 0:
-        raise ValueError(f"{path}: a budget must be > 0, not {text[:60]!r}")
-    return value
-
-
-class BudgetFile:
-    """A file the run watches: a changed modification time or size means a new budget, read between steps."""
-
-    def __init__(self, path: str) -> None:
-        self.path = Path(path)
-        self.stamp: Optional[Tuple[int, int]] = None
-
-    def changed(self) -> bool:
-        try:
-            st = self.path.stat()
-            stamp: Optional[Tuple[int, int]] = (st.st_mtime_ns, st.st_size)
-        except FileNotFoundError:
-            stamp = None
-        if stamp == self.stamp:
-            return False
-        self.stamp = stamp
-        return stamp is not None
 
 
 class Planner:
@@ -101,6 +55,7 @@ class Planner:
         self.settle_steps: List[int] = []  # the steps an untimed step ran before
         self.plan: MemoryPlan = NONE
         self.choice: Optional[plan_select.Choice] = None
+        self.guide: Optional[plan_select.Guide] = None  # the predictor's order for the probes (its peak untrusted)
         self.labels: Dict[int, str] = {}  # step index -> the plan it ran under
         self.replans: List[Dict[str, Any]] = []
         self.runtime_bytes: Optional[int] = None
@@ -227,9 +182,11 @@ class Planner:
             self.choice = plan_select.Choice(plan, "fixed", f"memory.plan=microbatch, memory.microbatch={s.microbatch}")
         else:
             if self.choice is None or self.choice.method == "probes-needed":
-                self.choice = self._choose(workload, probe=True, why=self.choice.chosen_because if self.choice else None)
+                self.choice = self._choose(workload, probe=True, why=self.choice.chosen_because or None
+                                           if self.choice else None, guide=self.guide)
             self.choice = self._confirmed(workload, self.choice)
             plan = self.choice.plan
+            self._choose_cpu_malloc(workload, plan)
         workload.set_memory_plan(plan)  # a plan the workload cannot run: UsageError naming what it can
         self.plan = plan
         # the probes ran other plans' shapes last: the chosen one's settles before a measured step
@@ -255,6 +212,18 @@ class Planner:
         self.settle_pending = True
         return self._choose(workload, probe=True, why=why)
 
+    def _choose_cpu_malloc(self, workload: Any, plan: MemoryPlan) -> None:
+        """memory.cpu_malloc=auto in a CPU job whose plan was chosen under a budget: `cached` where the budget has
+        room for the heap it keeps, else `live` (planning/malloc.py); only once the chosen plan's probe fits."""
+        held = self.held.get("cpu_malloc") or {}
+        budgets = [b for b in (self.budget_bytes, self.target.memory_budget_bytes) if b is not None]
+        probed = self.choice.probed_peak_bytes if self.choice is not None else None
+        if (self.device is None or self.device.type != "cpu" or self.settings.cpu_malloc != "auto" or not budgets
+                or held.get("setting") != "live" or probed is None or probed > min(budgets)):
+            return
+        self.held["cpu_malloc"] = choose_cpu_malloc(workload, plan, self.device, self.runtime_bytes, self.is_oom,
+                                                    min(budgets))
+
     def over_budget_bytes(self, mem: Dict[str, Any]) -> Optional[int]:
         """How far the measured peak went over the budget (as the budget compares it: CUDA reserved, CPU resident
         less the runtime), or None where it did not or there is no budget."""
@@ -264,9 +233,11 @@ class Planner:
                 else compared_bytes(mem, self.runtime_bytes))
         return int(peak) - self.budget_bytes if peak is not None and peak > self.budget_bytes else None
 
-    def _choose(self, workload: Any, probe: bool = True, why: Optional[str] = None) -> plan_select.Choice:
-        """memory.plan=auto under the current budget (or none when there is no budget yet): the predictor, or
-        probes of real steps on `workload` where it cannot be used (probe=False: say that probes are needed)."""
+    def _choose(self, workload: Any, probe: bool = True, why: Optional[str] = None,
+                guide: Optional[plan_select.Guide] = None) -> plan_select.Choice:
+        """memory.plan=auto under the current budget (or none when there is no budget yet): the predictor where its
+        peak is trusted, else probes of real steps on `workload`, in the order of expected cost its traces give
+        (`guide`), or in a fixed order where it cannot be used (probe=False: say that probes are needed)."""
         assert self.device is not None
         if self.budget_bytes is None:
             return plan_select.Choice(NONE, "fixed", "memory.plan=auto without a budget yet: none")
@@ -282,23 +253,41 @@ class Planner:
             plans = plan_select.candidates(bool(workload.blocks()), bool(workload.MICROBATCH), batch,
                                            self.settings.recompute, batchnorm)
         reason = why
-        if self.select in ("auto", "predictor") and why is None:
+        if self.select in ("auto", "predictor") and why is None and guide is None:
             try:
                 predictor = plan_select.job_predictor(self.cfg, self.device.type, self.budget_bytes)
                 model = str(self.cfg.model.name)
-                return plan_select.choose_by_prediction(
-                    plans, self.budget_bytes, lambda p: plan_select.predict_plan(predictor, model, batch, p),
-                    batchnorm)
+                untrusted = None if self.select == "predictor" else plan_select.peak_untrusted(
+                    self.device.type, calibrated_non_tensor(predictor), plans)
+                if untrusted is None and (self.select == "predictor" or plan_select.has_step_time(predictor)):
+                    choice = plan_select.choose_by_prediction(
+                        plans, self.budget_bytes, lambda p: plan_select.predict_plan(predictor, model, batch, p),
+                        batchnorm)
+                    choice.predictor_peak_trusted = True
+                    return choice
+                # no trusted peak, or no step time to compare plans by: probes, in the order the traces give
+                guide = plan_select.guide_from_traces(plans, lambda p: plan_select.traced_plan(
+                    predictor, model, batch, p, peak=untrusted is None), batchnorm, untrusted)
             except Exception as exc:  # no predictor here (torch < 2.5), or it cannot trace this step: probe
                 if self.select == "predictor" and isinstance(exc, UsageError):
                     raise
                 reason = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
                 log.info("memory.plan=auto: the predictor failed (%s); choosing by probes", reason)
         if not probe:
-            return plan_select.Choice(NONE, "probes-needed", reason or "")
+            self.guide = guide
+            return plan_select.Choice(NONE, "probes-needed", reason or "", predictor_peak_trusted=(
+                guide.untrusted_because is None if guide else None),
+                untrusted_because=guide.untrusted_because if guide else None)
         choice = plan_select.choose_by_probes(plans, self.budget_bytes, lambda p: plan_select.probe_step(
-            workload, p, self.device, self.runtime_bytes, self.is_oom, self.budget_bytes))
-        if reason:
+            workload, p, self.device, self.runtime_bytes, self.is_oom, self.budget_bytes), guide)
+        if guide is not None:
+            choice.predictor_peak_trusted = guide.untrusted_because is None
+            choice.untrusted_because = guide.untrusted_because
+            choice.chosen_because += (f" (the predictor's peak is not trusted here: {guide.untrusted_because})"
+                                      if guide.untrusted_because else " (the predictor has no step time here: its "
+                                      "traces order the plans; a plan whose predicted peak exceeds the budget is not "
+                                      "probed)")
+        elif reason:
             choice.chosen_because += f" (the predictor could not be used: {reason})"
         return choice
 
@@ -326,6 +315,11 @@ class Planner:
 
     def _replan(self, index: int, budget: Optional[int]) -> None:
         before = self.plan
+        if (self.held.get("cpu_malloc") or {}).get("setting") == "cached" and self.settings.cpu_malloc == "auto":
+            # the re-plan's probes measure what the job holds: live again (cached was chosen for the old budget)
+            self.held["cpu_malloc"] = {**(peak.set_cpu_malloc("live", budgeted=True) or {}),
+                                       "chosen_because": f"a new budget before step {index}: live for the re-plan"}
+            peak.release_memory(self.device or torch.device("cpu"))
         self.budget_bytes, self.budget_source = budget, f"budget_file {self.watch.path if self.watch else ''}"
         if self.device is not None and self.device.type == "cuda" and budget is not None:
             torch.cuda.empty_cache()  # segments cached under the old budget go back before the cap changes
@@ -359,8 +353,12 @@ class Planner:
             "budget_bytes": self.budget_bytes,
             "budget_source": self.budget_source,
             "over_budget_bytes": self.over_budget_bytes(mem),
+            "predictor_peak_trusted": choice.predictor_peak_trusted if choice else None,
+            "predictor_untrusted_because": choice.untrusted_because if choice else None,
+            "order": choice.order if choice else None,
             "considered": choice.considered if choice else [],
             "replans": self.replans,
+            "cpu_malloc": self.held.get("cpu_malloc"),
             "untimed_steps_before": self.settle_steps,
         }
         if self.allocator is not None:  # CUDA jobs only: a CPU job has no caching allocator to describe
@@ -374,6 +372,12 @@ class Planner:
             out["fragmentation_bytes"] = (int(reserved) - int(allocated)
                                           if reserved is not None and allocated is not None else None)
         return out
+
+
+def calibrated_non_tensor(predictor: Any) -> bool:
+    """Whether the predictor's memory that is not tensors comes from a calibration of this device (else assumed)."""
+    cal = getattr(predictor, "calibration", None)
+    return cal is not None and getattr(cal, "non_tensor_bytes", None) is not None
 
 
 def expandable_segment_count() -> Optional[Dict[str, int]]:
