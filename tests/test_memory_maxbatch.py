@@ -134,8 +134,8 @@ def test_search_guided_starts_at_the_prediction_and_confirms_it_in_few_probes(tm
         return 39, ""
 
     monkeypatch.setattr(maxbatch, "predicted_max_batch", predicted)
-    code = maxbatch.main(["model=alexnet", "target=nano", "device=cpu", "--search", "guided", "--out", str(tmp_path)],
-                         prober=prober)
+    code = maxbatch.main(["model=alexnet", "target=nano", "device=cpu", "maxbatch.search=guided",
+                          "--out", str(tmp_path)], prober=prober)
     assert code == 0 and seen[0] == 39 and len(seen) <= 3
     assert asked == [("alexnet", "nano", ("target=nano", "device=cpu", "memory.plan=none"))]
     doc = json.loads((tmp_path / "maxbatch.json").read_text())

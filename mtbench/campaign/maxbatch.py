@@ -231,6 +231,8 @@ def _parse(argv: List[str]) -> argparse.Namespace:
 
     parser = ArgumentParser(prog="mtbench maxbatch")
     add_arguments(parser)
+    # maxbatch.search=full|guided, the config spelling of --search (a probe's config has no such key)
+    argv = [f"--search={a.split('=', 1)[1]}" if a.startswith("maxbatch.search=") else a for a in argv]
     return parser.parse_intermixed_args(argv)
 
 
