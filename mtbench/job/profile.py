@@ -258,9 +258,10 @@ def finish(profiler: Profiler, samples: Samples, steps: Sequence[Tuple[float, fl
 
 
 def job_figures(profiler: Profiler, samples: Samples, marks: Sequence[Any], interval_ms: float, out_dir: Path,
-                reference: Sequence[float], durations: Sequence[float]) -> Dict[str, Any]:
-    """summary.json's `profile`: the files written by `finish`, the top ops printed, and the profiler's overhead
-    (profiled against the unprofiled `reference` steps' median)."""
+                reference: Sequence[float], durations: Sequence[float],
+                profiled_mem: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+    """summary.json's `profile`: the files written by `finish`, the top ops printed, the profiler's overhead
+    (profiled against the unprofiled `reference` steps' median) and the peak memory under the profiler."""
     from mtbench.results.console import print_top_ops
     from mtbench.results.files import stats
 
@@ -272,5 +273,7 @@ def job_figures(profiler: Profiler, samples: Samples, marks: Sequence[Any], inte
         "steps": len(durations),
         "unprofiled_step_time_s": unprofiled,
         "overhead_ratio": profiled["median"] / unprofiled["median"] if unprofiled and profiled else None,
+        # the profiled steps' peak (the job's mem_peak_bytes is the unprofiled steps'): what the profiler adds
+        "mem_peak_bytes": (profiled_mem or {}).get("mem_peak_bytes"),
         **figures,
     }

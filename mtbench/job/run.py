@@ -73,6 +73,7 @@ class Job:
         self.cudnn_benchmark = setting(cfg, "cudnn_benchmark", True)
         self.profiler = None  # a profiling.Profiler once the profiled steps ran
         self.reference: List[float] = []  # unprofiled step times, for the profiler's overhead
+        self.unprofiled_mem = self.profiled_mem = None  # profile=true: the peaks without and under the profiler
         self.runtime_bytes: Optional[int] = None  # resident memory before the model was built (CPU)
         self.breakdown: Optional[Dict[str, Any]] = None
         self.extra: Optional[Dict[str, Any]] = None  # the workload's extra_metrics over the measured steps
@@ -155,14 +156,13 @@ class Job:
         for i in range(spec.warmup):
             self._timed_step(i, warmup=True)
         first = spec.warmup
-        if self.profile:
+        if self.profile:  # as many unprofiled steps first (marked warm-up): the profiler's overhead, the peak without it
             from mtbench.job.profile import Profiler
 
-            # as many unprofiled steps first (marked warm-up: not measured), to measure the profiler's overhead
             self.progress.phase("reference (unprofiled)", spec.steps)
-            for i in range(first, first + spec.steps):
-                self.reference.append(self._timed_step(i, warmup=True))
-            first += spec.steps
+            peak.reset()
+            self.reference = [self._timed_step(i, warmup=True) for i in range(first, first + spec.steps)]
+            first, self.unprofiled_mem = first + spec.steps, peak.read()
             self.profiler = Profiler(self.device, self.workload.modules(), first_step=first)
         peak.reset()
         self.progress.phase("measure" + (" (profiled)" if self.profiler else ""), spec.steps)
@@ -173,7 +173,10 @@ class Job:
                 self.durations.append(self._timed_step(i, warmup=False))
                 if self.until.reached(self, i, last=i == first + spec.steps - 1):
                     break
-        self.mem = peak.read()
+        # profile=true: the peak is the unprofiled steps' (the profiler's own buffers are not training's); the
+        # profiled steps' is summary.json's profile.mem_peak_bytes
+        self.mem, self.profiled_mem = (peak.read(), None) if self.unprofiled_mem is None else (self.unprofiled_mem,
+                                                                                               peak.read())
         self.progress.phase("breakdown")
         # the workload's own figures over the measured steps, taken before the untimed step below adds one more
         self.extra = self.workload.extra_metrics(len(self.durations))
@@ -370,7 +373,7 @@ def _profile(job: Job, samples) -> Optional[Dict[str, Any]]:
     from mtbench.job import profile as profiling
 
     return profiling.job_figures(job.profiler, samples, job.sampler.marks, job.interval_ms, job.out_dir,
-                                 job.reference, job.durations)
+                                 job.reference, job.durations, job.profiled_mem)
 
 
 def _write(job: Job, samples) -> None:
