@@ -17,7 +17,26 @@ import pytest
 from mtbench.commands.cli import main
 from mtbench.job.run import run_job
 from mtbench.results import loggers
-from tests.conftest import compose_cfg
+from tests.conftest import REPO, compose_cfg
+
+CHILD = """import json, os, sys
+from pathlib import Path
+from mtbench.results import loggers
+cfg, folder = json.loads(sys.argv[1]), Path(sys.argv[2])
+returned = loggers.log_job(cfg, folder, json.loads((folder / "summary.json").read_text()))
+print(json.dumps({"returned": returned, "opt_in_left": "MLFLOW_ALLOW_FILE_STORE" in os.environ}))
+"""
+
+
+def _log_in_child(cfg: dict, folder: Path, cwd=None) -> dict:
+    """The logger as a job runs it: in the job's own process (here a child), so that the tracker's threads (wandb's
+    service manager, OpenTelemetry exporters) end with that process and do not linger in the test process, where
+    they took the GIL from later timing tests (test_telemetry's 5 ms sampler)."""
+    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.run([sys.executable, "-c", CHILD, json.dumps(cfg), str(folder)], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 @pytest.fixture(scope="module")
@@ -114,9 +133,9 @@ def test_mlflow_read_back_from_its_file_store(copy_of, tmp_path, monkeypatch):
     monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
     monkeypatch.chdir(tmp_path)  # the default store: ./mlruns, as MLflow's own default folder
     summary = _summary(copy_of)
-    assert loggers.log_job({"logger": {"name": "mlflow", "tracking_uri": None, "experiment_name": "mtbench"}},
-                           copy_of, summary) is None
-    assert "MLFLOW_ALLOW_FILE_STORE" not in os.environ  # the opt-in is the logger's own, not left behind
+    got = _log_in_child({"logger": {"name": "mlflow", "tracking_uri": None, "experiment_name": "mtbench"}},
+                        copy_of, cwd=tmp_path)
+    assert got == {"returned": None, "opt_in_left": False}  # the opt-in is the logger's own, not left behind
     uri = (tmp_path / "mlruns").as_uri()
     [run] = _mlflow_runs(uri)
     assert run.info.status == "FINISHED" and run.info.run_name == copy_of.name
@@ -138,8 +157,9 @@ def test_wandb_offline_read_back_with_wandbs_own_reader(copy_of, monkeypatch):
     pytest.importorskip("wandb", reason="logger=wandb needs wandb (pip install 'mtbench[wandb]')")
     monkeypatch.delenv("WANDB_MODE", raising=False)
     summary = _summary(copy_of)
-    assert loggers.log_job({"logger": {"name": "wandb", "mode": "offline", "project": "mtbench", "entity": None,
-                                       "save_dir": None}}, copy_of, summary) is None
+    got = _log_in_child({"logger": {"name": "wandb", "mode": "offline", "project": "mtbench", "entity": None,
+                                    "save_dir": None}}, copy_of)
+    assert got["returned"] is None
     [run_dir] = (copy_of / "wandb").glob("offline-run-*")
     wandb_cli = [sys.executable, "-c", "from wandb.cli.cli import cli; cli()", "leet", "inspect", "--json"]
     got = subprocess.run(wandb_cli + ["--summary", str(run_dir)], capture_output=True, text=True, timeout=120)

@@ -319,6 +319,11 @@ def test_jtop_without_service(monkeypatch):
 def test_jtop_never_blocks_the_sampler(monkeypatch, version):
     """Issue 8 item 3: jtop's ok() blocks until its next refresh (2 Hz); procfs must keep its 5 ms.
     Issue 27 item 11: jetson-stats 3.x rails carry `cur`/`avg`, not `power`."""
+    # an earlier test's real jtop client (jetson-stats installed, its service absent) left a thread that loads the
+    # board's libraries (imports OpenCV, runs dpkg): it holds the GIL for long stretches, so let it end first
+    for thread in threading.enumerate():
+        if "_load_jetson_libraries" in thread.name:
+            thread.join(timeout=60)
     module = make_jtop_module(version=version)
     monkeypatch.setitem(sys.modules, "jtop", module)
     sensors, _ = open_sensors(["procfs", "jtop"], {"jtop": {"interval_s": 0.5}})
