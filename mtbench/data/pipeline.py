@@ -69,11 +69,12 @@ class Pipeline:
             if len(dataset) < self.batch_size:
                 raise DataError(f"the data set holds {len(dataset)} items, fewer than one batch of {self.batch_size}")
             workers = self.settings.workers
+            # prefetch_factor only with workers: torch < 2.0 refuses any value (None included) without them
+            prefetch = {"prefetch_factor": self.settings.prefetch_factor} if workers else {}
             self.loader = torch.utils.data.DataLoader(
                 dataset, batch_size=self.batch_size, shuffle=True, drop_last=True, num_workers=workers,
                 pin_memory=self.pin_memory, generator=self.generator, collate_fn=self.collate,
-                prefetch_factor=self.settings.prefetch_factor if workers else None,
-                persistent_workers=self.settings.persistent_workers and workers > 0)
+                persistent_workers=self.settings.persistent_workers and workers > 0, **prefetch)
         else:
             self.meter.read_workers(self._worker_pids())
         self.iterator = iter(self.loader)
