@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from mtbench.data import ondisk, storage
-from mtbench.data.base import CHARS, IMAGES, PAIRS, BatchRecipe, LoaderSettings, PipelineSet
+from mtbench.data import storage
+from mtbench.data.base import CHARS, IMAGES, BatchRecipe, LoaderSettings, PipelineSet
 from mtbench.data.cifar10 import load_train
 from mtbench.data.iwslt15 import IWSLT15
 from mtbench.data.pipeline import Pipeline
@@ -23,6 +23,7 @@ from mtbench.data.shakespeare import Shakespeare
 from mtbench.data.squad import SQuAD
 from mtbench.data.synthetic import Synthetic
 from mtbench.workload.base import SetupContext, Workload
+from tests.test_pipeline import SlowSet
 from mtbench.report.build import make_report
 from mtbench.report.datawait import bar_label
 from models.char_rnn import encode_windows
@@ -360,29 +361,15 @@ def test_the_mount_of_a_file_is_the_longest_mount_point_on_its_device(tmp_path):
 
 # 4. data wait is what the workers cannot hide
 
-class SleepySet(torch.utils.data.Dataset):
-    """Each item takes `item_s` seconds to load (a slow disk, a decode off the CPU): a sleep."""
-
-    def __init__(self, item_s: float, size: int = 400) -> None:
-        self.item_s, self.size = item_s, size
-
-    def __len__(self) -> int:
-        return self.size
-
-    def __getitem__(self, index: int):
-        time.sleep(self.item_s)
-        return torch.zeros(3, 32, 32), torch.tensor(0)
-
-
 class SleepySource(Synthetic):
-    """data=synthetic whose loader reads SleepySet(item_s)."""
+    """data=synthetic whose loader reads test_pipeline's SlowSet(item_s, 400 items)."""
 
     def __init__(self, item_s: float = 0.03, **keys) -> None:
         super().__init__(**keys)
         self.item_s = item_s
 
     def pipeline_set(self, recipe, cache_dir):
-        return PipelineSet("sleepy", lambda: SleepySet(self.item_s), [], "none")
+        return PipelineSet("sleepy", lambda: SlowSet(self.item_s, size=400), [], "none")
 
 
 class SleepyStep(Workload):
