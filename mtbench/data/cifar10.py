@@ -138,10 +138,14 @@ class CIFAR10(LocalFiles):
             return super().pipeline_set(recipe, cache_dir)
         return image_set(self.location, *cifar_train_transform(self.image_size))
 
-    def image_batches(self, batch_size, count, shape, num_classes, seed) -> List:
+    def _check_shape(self, shape, num_classes) -> None:
+        """The model's input shape and classes against CIFAR-10's (3-channel images, 10 classes)."""
         check_image_shape(self.image_size, shape)
         if shape[0] != 3 or num_classes != 10:
             raise DataError(f"data=cifar10 gives 3-channel images in 10 classes, not {tuple(shape)} / {num_classes}")
+
+    def image_batches(self, batch_size, count, shape, num_classes, seed) -> List:
+        self._check_shape(shape, num_classes)
         images, labels, _ = load_train(self.location)
         if len(images) == 0:
             raise DataError(f"{self.location}: the CIFAR-10 training batches hold no images")
@@ -150,9 +154,7 @@ class CIFAR10(LocalFiles):
         return self._batches(images[needed], labels[needed], batch_size)
 
     def held_out_image_batches(self, batch_size, shape, num_classes) -> List:
-        check_image_shape(self.image_size, shape)
-        if shape[0] != 3 or num_classes != 10:
-            raise DataError(f"data=cifar10 gives 3-channel images in 10 classes, not {tuple(shape)} / {num_classes}")
+        self._check_shape(shape, num_classes)
         images, labels, _ = load_test(self.location)
         if len(images) == 0:
             raise DataError(f"{self.location}: the CIFAR-10 {TEST_FILE} holds no images")
