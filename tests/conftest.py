@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import List
 
 import pytest
+from hydra.core.global_hydra import GlobalHydra
 from hydra import compose, initialize_config_dir
 
 from mtbench import config
@@ -27,6 +28,15 @@ FAST = ["device=cpu", "warmup=0", "steps=1"]
 def compose_cfg(overrides: List[str]):
     with initialize_config_dir(config_dir=str(config.conf_dir()), version_base="1.3"):
         return compose(config_name="config", overrides=FAST + list(overrides))
+
+
+@pytest.fixture()
+def hydra_conf():
+    """Hydra initialized on conf/ for compose() in the test (presets, experiments), cleared before and after."""
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(config.conf_dir()), version_base="1.3"):
+        yield
+    GlobalHydra.instance().clear()
 
 
 @pytest.fixture

@@ -4,27 +4,17 @@ from __future__ import annotations
 import itertools
 from typing import List, Tuple
 
-import pytest
-from hydra import compose, initialize_config_dir
+from hydra import compose
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
-from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
 from mtbench.config import check_overrides
-from mtbench.config import conf_dir, group_options
+from mtbench.config import group_options
 
 # Table II of Liu et al. 2019 as mtbench names its models (docs/models.md "Models")
 PAPER_MODELS = ["alexnet", "vgg16", "vgg19", "resnet50", "resnet101", "resnet152", "densenet40", "densenet100",
                 "squeezenet", "xception", "inceptionv1", "char_rnn", "dcgan", "dqn", "seq2seq", "bert"]
 PAPER_BATCHES = [1, 2, 4, 8, 16, 32, 64]
-
-
-@pytest.fixture()
-def hydra_conf():
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
-        yield
-    GlobalHydra.instance().clear()
 
 
 def sweep_jobs(cfg, command_line: List[str] = ()) -> List[Tuple[str, int]]:

@@ -10,16 +10,14 @@ import stat
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
-from hydra.core.global_hydra import GlobalHydra
+from hydra import compose
 from omegaconf import OmegaConf
 
 from mtbench.campaign import power_hold
 from mtbench.campaign.resume import energy_time_cost_j, objective_value
-from mtbench.config import check_overrides, conf_dir
+from mtbench.config import check_overrides
 from mtbench.device import power, power_record
 from mtbench.errors import UsageError
 from tests.conftest import REPO
@@ -205,14 +203,6 @@ def test_a_sweeps_power_values_are_checked_before_any_job(board, tmp_path, tree,
 
 
 # -- presets -----------------------------------------------------------------------------------------------------
-
-@pytest.fixture()
-def hydra_conf():
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
-        yield
-    GlobalHydra.instance().clear()
-
 
 def test_powermodes_sweeps_the_boards_modes_times_models(hydra_conf, tmp_path):
     make_power_board(tmp_path / "tx2", "tx2")
