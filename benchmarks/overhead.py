@@ -3,10 +3,13 @@ model and batch, for each sampler mode side by side (`sampler.mode=thread`: a th
 `process`: a process of its own), interleaved in one run so that all sides see the same machine state.
 
     python benchmarks/overhead.py [model=resnet50] [batch=8] [steps=10] [rounds=3] [interval_ms=5]
-                                  [modes=process,thread]
+                                  [modes=process,thread,live]
 
 Prints the median step time of each side per round and the ratio mtbench / bare per mode (goal <= 1.02),
-with each mode's sampler fidelity (samples taken of those asked, p99 interval) and own CPU.
+with each mode's sampler fidelity (samples taken of those asked, p99 interval) and own CPU. Mode `live` is the
+job as `python -m mtbench` runs it: in a forked child (thread sampler) whose parent draws the live line on a
+terminal (a rich console forced to terminal mode, drawn into /dev/null), so `live` against `thread` is what the
+live view costs the measured steps.
 """
 from __future__ import annotations
 
@@ -23,6 +26,7 @@ from mtbench.config import conf_dir, instantiate
 from mtbench.data.synthetic import Synthetic
 from mtbench.device.peak import release_memory
 from mtbench.device.select import resolve_device
+from mtbench.job.isolation import run_isolated
 from mtbench.job.run import run_job
 from mtbench.workload.base import MAX_PREPARED_BATCHES
 from mtbench.workload.base import SetupContext
@@ -52,13 +56,22 @@ def main() -> None:
     args = dict(a.split("=", 1) for a in sys.argv[1:])
     model, batch = args.get("model", "resnet50"), int(args.get("batch", 8))
     steps, rounds, interval = int(args.get("steps", 10)), int(args.get("rounds", 3)), args.get("interval_ms", "5")
-    modes = args.get("modes", "process,thread").split(",")
+    modes = args.get("modes", "process,thread,live").split(",")
     overrides = [f"model={model}", f"batch={batch}", f"steps={steps}", "warmup=3", f"sampler.interval_ms={interval}",
                  f"device={args.get('device', 'auto')}"]
     cfgs = {}
     for mode in modes:
         with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
-            cfgs[mode] = compose(config_name="config", overrides=overrides + [f"sampler.mode={mode}"])
+            sampler_mode = "thread" if mode == "live" else mode
+            cfgs[mode] = compose(config_name="config", overrides=overrides + [f"sampler.mode={sampler_mode}"])
+    if "live" in modes:  # the parent's live line redrawn as on a terminal, into /dev/null
+        import os
+
+        from rich.console import Console
+
+        from mtbench.results import console as console_module
+
+        console_module.console = Console(file=open(os.devnull, "w"), force_terminal=True, width=120)
     sides = ["bare"] + modes
     times: Dict[str, List[float]] = {side: [] for side in sides}
     sampler: Dict[str, List[dict]] = {mode: [] for mode in modes}
@@ -70,7 +83,8 @@ def main() -> None:
                 if side == "bare":
                     times[side].append(bare_loop(cfgs[modes[0]], steps, 3))
                 else:
-                    summary = run_job(cfgs[side], Path(tmp) / f"round{r}-{side}")
+                    run = run_isolated if side == "live" else run_job
+                    summary = run(cfgs[side], Path(tmp) / f"round{r}-{side}")
                     times[side].append(summary["step_time_s"]["median"])
                     sampler[side].append(summary["sampler"])
             print(f"round {r}: bare {times['bare'][-1]:.4f} s  " + "  ".join(
@@ -84,6 +98,12 @@ def main() -> None:
               f"samples taken {statistics.median(_taken_pct(s) for s in st):.2f} % of asked, "
               f"p99 interval {statistics.median(s['achieved_interval_ms']['p99'] for s in st):.2f} ms, "
               f"sampler CPU {statistics.median(s['cpu_pct_of_one_core'] for s in st):.2f} % of one core (medians of rounds)")
+    if "live" in modes and "thread" in modes:
+        pairs = [lv / th for lv, th in zip(times["live"], times["thread"])]
+        print(f"  the live line: live / thread per round {', '.join(f'{x:.3f}' for x in pairs)}; median "
+              f"{statistics.median(pairs):.3f} (spread of thread / bare across rounds: "
+              f"{min(t / b for t, b in zip(times['thread'], times['bare'])):.3f} to "
+              f"{max(t / b for t, b in zip(times['thread'], times['bare'])):.3f})")
 
 
 def _taken_pct(stats: dict) -> float:

@@ -3,20 +3,24 @@ its files, data.loader=preloaded and data.loader=dataloader with 0, 1 and 2 work
 workers' CPU beside the training process's, and the pipeline's overhead over preloaded.
 
     python benchmarks/pipeline.py [--root DIR] [--models squeezenet,resnet50] [--batch 32] [--workers 0,1,2]
-                                  [--steps 30] [--warmup 5] [--device auto] [--cache warm] [--out DIR]
+                                  [--steps 30] [--warmup 5] [--rounds 3] [--device auto] [--cache warm] [--out DIR]
 
 From the repository root. --root is the folder holding cifar-10-batches-py/ (the real set); without it a synthetic
 set in the same format is written once to OUT/cache and read from there. Every job reads the same files: preloaded
 decodes them into memory before timing, the dataloader reads, augments and batches them each epoch. Overhead is the
 loop's time per step (the mean step plus the mean data wait) over the preloaded job's mean step, minus 1: the issue
-asks <= 3 % for workers that keep up (data-wait share under 1 %). Writes OUT/pipeline.md and prints the table; exit 0
-when every job ran and, where any pipeline job kept up, the best of those is within 3 %.
+asks <= 3 % for workers that keep up (data-wait share under 1 %). With --rounds N (default 3) every job runs N times,
+interleaved (preloaded, 0, 1, 2 workers, the order rotated each round so that drift favours none); a row is the
+median over rounds and the overhead the median of each round's ratio to that round's preloaded job, so one noisy
+run does not decide it (the spread of the ratios is printed beside). Writes OUT/pipeline.md and prints the table;
+exit 0 when every job ran and, where any pipeline job kept up, the best of those is within 3 %.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -55,31 +59,47 @@ def _fmt(value: Optional[float], spec: str) -> str:
     return "n/a" if value is None else format(value, spec)
 
 
-def row(model: str, label: str, summary: Dict[str, Any], preloaded_s: Optional[float]) -> Dict[str, Any]:
-    step = _get(summary, "step_time_s", "mean")
-    wait = _get(summary, "data_wait_s", "mean") or 0.0
-    loop = None if step is None else step + wait
-    return {"model": model, "loader": label, "success": bool(summary.get("success")),
-            "failure": (summary.get("failure") or {}).get("message"),
-            "step_median_s": _get(summary, "step_time_s", "median"), "loop_s_per_step": loop,
-            "data_wait_share": _get(summary, "data_wait_share"),
-            "workers_cpu_pct": _get(summary, "data_pipeline", "cpu", "workers_cpu_pct"),
-            "training_cpu_pct": _get(summary, "data_pipeline", "cpu", "training_process_cpu_pct"),
-            "overhead": None if loop is None or not preloaded_s else loop / preloaded_s - 1}
+def row(model: str, label: str, summaries: List[Dict[str, Any]], preloaded: List[Dict[str, Any]]) -> Dict[str, Any]:
+    """One table row from a job's runs (one per round) and the preloaded job's runs of the same rounds."""
+    def loop(summary: Dict[str, Any]) -> Optional[float]:
+        step = _get(summary, "step_time_s", "mean")
+        return None if step is None else step + (_get(summary, "data_wait_s", "mean") or 0.0)
+
+    def median(values: List[Optional[float]]) -> Optional[float]:
+        known = [v for v in values if v is not None]
+        return statistics.median(known) if known else None
+
+    ok = [s for s in summaries if s.get("success")]
+    failed = next((s for s in summaries if not s.get("success")), None)
+    ratios = [loop(s) / loop(p) - 1 for s, p in zip(summaries, preloaded)
+              if s.get("success") and p.get("success") and loop(s) and loop(p)]
+    return {"model": model, "loader": label, "success": failed is None,
+            "failure": ((failed or {}).get("failure") or {}).get("message"), "runs": len(ok),
+            "step_median_s": median([_get(s, "step_time_s", "median") for s in ok]),
+            "loop_s_per_step": median([loop(s) for s in ok]),
+            "data_wait_share": median([_get(s, "data_wait_share") for s in ok]),
+            "workers_cpu_pct": median([_get(s, "data_pipeline", "cpu", "workers_cpu_pct") for s in ok]),
+            "training_cpu_pct": median([_get(s, "data_pipeline", "cpu", "training_process_cpu_pct") for s in ok]),
+            "overhead": None if label == "preloaded" or not ratios else statistics.median(ratios),
+            "overhead_range": (min(ratios), max(ratios)) if ratios and label != "preloaded" else None}
 
 
 def table(rows: List[Dict[str, Any]]) -> str:
     lines = ["| model | loader | step median s | loop s/step | data wait % | workers CPU % | training CPU % | "
-             "overhead vs preloaded % |", "|---|---|---|---|---|---|---|---|"]
+             "overhead vs preloaded % (range over rounds) |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if not r["success"]:
             lines.append(f"| {r['model']} | {r['loader']} | failed: {r['failure']} | | | | | |")
             continue
         share = None if r["data_wait_share"] is None else 100 * r["data_wait_share"]
-        overhead = None if r["overhead"] is None else 100 * r["overhead"]
+        overhead = _fmt(None if r["overhead"] is None else 100 * r["overhead"], "+.1f")
+        if r["loader"] == "preloaded":
+            overhead = "0"
+        if r["overhead_range"] is not None and r["runs"] > 1:
+            overhead += f" ({100 * r['overhead_range'][0]:+.1f} to {100 * r['overhead_range'][1]:+.1f})"
         lines.append(f"| {r['model']} | {r['loader']} | {_fmt(r['step_median_s'], '.4f')} | "
                      f"{_fmt(r['loop_s_per_step'], '.4f')} | {_fmt(share, '.1f')} | {_fmt(r['workers_cpu_pct'], '.0f')} | "
-                     f"{_fmt(r['training_cpu_pct'], '.0f')} | {_fmt(overhead, '+.1f')} |")
+                     f"{_fmt(r['training_cpu_pct'], '.0f')} | {overhead} |")
     return "\n".join(lines)
 
 
@@ -91,6 +111,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--workers", default="0,1,2")
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=3, help="runs of every job, interleaved")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--cache", default="warm", choices=["warm", "cold", "drop_caches"])
     parser.add_argument("--timeout-s", type=float, default=900)
@@ -108,14 +129,17 @@ def main(argv: Optional[List[str]] = None) -> int:
     rows: List[Dict[str, Any]] = []
     started = time.monotonic()
     for model in args.models.split(","):
-        preloaded = run_job(out / f"{model}-preloaded", [f"model={model}", *common], args.timeout_s)
-        base = _get(preloaded, "step_time_s", "mean")
-        rows.append(row(model, "preloaded", preloaded, base))
-        for workers in args.workers.split(","):
-            summary = run_job(out / f"{model}-w{workers}", [f"model={model}", *common, "data.loader=dataloader",
-                                                            f"data.workers={workers}", f"data.cache={args.cache}"],
-                              args.timeout_s)
-            rows.append(row(model, f"dataloader, {workers} workers", summary, base))
+        sides = ["preloaded", *args.workers.split(",")]
+        runs: Dict[str, List[Dict[str, Any]]] = {side: [] for side in sides}
+        for r in range(args.rounds):
+            for side in sides[r % len(sides):] + sides[: r % len(sides)]:  # rotated: drift favours no side
+                extra = [] if side == "preloaded" else ["data.loader=dataloader", f"data.workers={side}",
+                                                       f"data.cache={args.cache}"]
+                runs[side].append(run_job(out / f"{model}-{side}-r{r}", [f"model={model}", *common, *extra],
+                                          args.timeout_s))
+        for side in sides:
+            rows.append(row(model, "preloaded" if side == "preloaded" else f"dataloader, {side} workers", runs[side],
+                            runs["preloaded"]))
     text = table(rows)
     kept_up = [r for r in rows if r["loader"] != "preloaded" and r["success"] and r["data_wait_share"] is not None
                and r["data_wait_share"] < KEEPS_UP and r["overhead"] is not None]
