@@ -107,13 +107,13 @@ class Job:
             options["nvml"] = nvml
         names = list(self.cfg.sampler.sensors)
         try:
-            if self.sampler_mode == "process":
-                # a process of its own: no lock of this one (the GIL held through a long C call) can stall it
+            if self.sampler_mode == "process":  # no lock of this process (its GIL in a long C call) stalls it
                 self.sampler = ProcessSampler(names, options, self.interval_ms)
                 self.sensor_status = self.sampler.sensor_status
             else:
                 sensors, self.sensor_status = open_sensors(names, options)
                 self.sampler = Sampler(sensors, self.interval_ms)
+                self.progress.power_w = self.sampler.latest_power_w  # the live line's watts, read between steps
         except SensorUnavailable as exc:
             raise UsageError(f"sampler: {exc}") from None
 

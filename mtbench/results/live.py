@@ -6,7 +6,10 @@ costs a clock read and an append. `LiveLine` runs in the parent that forked the 
 terminal (rich, redrawn at most every REFRESH_S from the parent's own poll loop, so that the elapsed time moves
 during a long step) or, when stdout is not a terminal, prints one plain line per phase (logs stay clean). The
 job's CPU and resident memory come from /proc/<pid> of the job's process, read by the parent: the job does no
-work for them. Power is not shown: the sampler keeps its samples in its own process until the job stops it
+work for them. Power (W) is shown where the job's own process holds the samples (`sampler.mode=thread`): the
+sender asks the sampler for the latest total power when it sends, between steps and at most every REFRESH_S;
+the sampler decodes only the samples taken since it was last asked. With `sampler.mode=process` (the default)
+the samples stay in the sampling process until the job stops it, and the line shows no power
 (docs/commands.md, "The live line").
 """
 from __future__ import annotations
@@ -39,14 +42,20 @@ class Progress:
     last_step_s: Optional[float] = None  # the last step's time (warm-up steps too)
     eta_s: Optional[float] = None  # seconds of steps left in the whole job at `sent_s` (None: not known yet)
     sent_s: float = 0.0  # time.monotonic() when sent (one clock for every process of the machine)
+    power_w: Optional[float] = None  # total power now, W (None: not sampled in the job's process, or not known)
 
 
 class ProgressSender:
-    """The job's side: `phase(name, steps)` at each phase, `step(seconds)` after each step's window closed."""
+    """The job's side: `phase(name, steps)` at each phase, `step(seconds)` after each step's window closed.
+    `power_w` (optional) gives the total power now in W or None; it is asked at most every REFRESH_S."""
 
-    def __init__(self, send: Callable[[Progress], None], total_steps: int, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, send: Callable[[Progress], None], total_steps: int, clock: Callable[[], float] = time.monotonic,
+                 power_w: Optional[Callable[[], Optional[float]]] = None):
         self._send = send
         self._clock = clock
+        self.power_w = power_w
+        self._power: Optional[float] = None  # the last answer of power_w ...
+        self._power_read = -float("inf")  # ... and when it was asked
         self.total_steps = total_steps  # warm-up + measured (+ reference) steps of the job
         self.steps_done = 0
         self.recent: Deque[float] = deque(maxlen=RECENT_STEPS)
@@ -72,9 +81,19 @@ class ProgressSender:
         p.eta_s = (max(0, self.total_steps - self.steps_done) * statistics.median(self.recent)) if self.recent else None
         self._last_sent = now
         try:
-            self._send(Progress(p.phase, p.done, p.steps, p.last_step_s, p.eta_s, p.sent_s))
+            self._send(Progress(p.phase, p.done, p.steps, p.last_step_s, p.eta_s, p.sent_s, self._power_now(now)))
         except (OSError, EOFError, ValueError):  # the parent is gone: the job's results do not depend on the line
             self._send = lambda progress: None
+
+    def _power_now(self, now: float) -> Optional[float]:
+        """The watts to send: asked anew at most every REFRESH_S (a phase's first send may follow a step's)."""
+        if self.power_w is not None and now - self._power_read >= REFRESH_S:
+            self._power_read = now
+            try:
+                self._power = self.power_w()
+            except Exception:  # noqa: BLE001 - the job's results do not depend on the line
+                self._power = None
+        return self._power
 
 
 def outcome(summary: Optional[dict]) -> str:
@@ -95,6 +114,10 @@ def seconds_text(s: Optional[float]) -> str:
 
 def step_text(s: Optional[float]) -> str:
     return "n/a" if s is None else (f"{s * 1e3:.1f} ms" if s < 1 else f"{s:.3f} s")
+
+
+def watts_text(w: float) -> str:
+    return f"{w:.1f} W"
 
 
 class ProcessStats:
@@ -160,7 +183,8 @@ class LiveLine:
         if self.terminal:
             self.tick(force=new_phase)
         elif new_phase:
-            self._print_plain(f"{self.phase_text(progress, with_step=False)} ({self.elapsed_text()})")
+            watts = "" if progress.power_w is None else f", {watts_text(progress.power_w)}"
+            self._print_plain(f"{self.phase_text(progress, with_step=False)} ({self.elapsed_text()}{watts})")
 
     def tick(self, force: bool = False) -> None:
         """Redraw the terminal line when REFRESH_S has passed (or `force`); nothing off a terminal."""
@@ -200,6 +224,8 @@ class LiveLine:
         parts.append(time_part)
         if p.last_step_s is not None:
             parts.append(f"last step {step_text(p.last_step_s)}")
+        if p.power_w is not None:
+            parts.append(watts_text(p.power_w))
         if self.stats is not None:
             cpu_pct, rss_bytes = self.stats.read()
             if cpu_pct is not None:

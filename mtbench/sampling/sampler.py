@@ -1,18 +1,24 @@
 """A background thread that reads every sensor at a fixed period on the monotonic clock.
 
 Framework-agnostic on purpose (no torch): it is used by the training runner and around any command
-(`mtbench-sample`). Callers mark step windows with `mark_step`; aggregation happens after `stop`.
+(`mtbench-sample`). Callers mark step windows with `mark_step`; aggregation happens after `stop`. Between
+steps a caller in the sampler's process may ask `latest_power_w()` (the job's live line): it decodes the
+samples taken since the last call, work that `samples()` would otherwise do at the end, and nothing more.
 """
 from __future__ import annotations
 
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, List, Optional, Sequence
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from mtbench.sampling.sensor import Field, Sensor
+from mtbench.sampling.sensor import ENERGY, POWER, Field, Sensor
+
+# a total rail whose newest value is older than this is not "now" (jtop refreshes its rails at 2 Hz, and
+# the samples in between hold None; a source that stopped answering holds None for good)
+LIVE_POWER_MAX_AGE_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -64,6 +70,11 @@ class Sampler:
         self._stop = threading.Event()  # set by stop(): wakes the loop at once, whatever its period
         self._thread: Optional[threading.Thread] = None
         self._fields = [f for s in self.sensors for f in s.fields()]
+        self._widths = [len(s.fields()) for s in self.sensors]
+        self._decoding = threading.Lock()  # one decoder at a time: each sample decoded once, in order
+        self._total_power = total_power_columns(self._fields)
+        # per total-power column, its newest value as (sample time s, W) once decoded
+        self._newest_w: List[Optional[Tuple[float, float]]] = [None] * len(self._total_power or [])
 
     def start(self) -> "Sampler":
         self._thread = threading.Thread(target=self._run, name="mtbench-sampler", daemon=True)
@@ -89,17 +100,42 @@ class Sampler:
     def samples(self) -> Samples:
         """Everything sampled so far, decoded (decoding is in order and once per sample: sensors keep
         state across samples, such as a counter's wraparound)."""
-        widths = [len(s.fields()) for s in self.sensors]
-        for raws in self._raws[len(self._rows): len(self._times)]:
-            row: List[Optional[float]] = []
-            for sensor, raw, width in zip(self.sensors, raws, widths):
-                try:
-                    values = sensor.decode(raw) if raw is not None else None
-                except Exception:
-                    values = None
-                row.extend(values if values is not None else [None] * width)
-            self._rows.append(row)
+        self._decode_new()
         return Samples(self._fields, self._times[: len(self._rows)], self._rows)
+
+    def latest_power_w(self) -> Optional[float]:
+        """The total power now in W: the sum of each total rail's newest value (rails chosen as windows.Rails
+        chooses its total: those whose field counts toward the total and is the job's, each from its POWER
+        gauge). None without such a rail, where one has only an energy counter, or where a rail's newest value
+        is older than LIVE_POWER_MAX_AGE_S (a source that stopped answering, a sampler that stopped). Decodes
+        the samples taken since the last call (work `samples()` then need not do): call it between steps."""
+        if self._total_power is None:
+            return None
+        self._decode_new()
+        newest = [v for v in self._newest_w if v is not None]
+        if len(newest) < len(self._newest_w):
+            return None
+        now = self.clock()
+        if any(now - t > LIVE_POWER_MAX_AGE_S for t, _ in newest):
+            return None
+        return float(sum(w for _, w in newest))
+
+    def _decode_new(self) -> None:
+        """Decode the samples not decoded yet, in order, each once."""
+        with self._decoding:
+            for raws in self._raws[len(self._rows): len(self._times)]:
+                row: List[Optional[float]] = []
+                for sensor, raw, width in zip(self.sensors, raws, self._widths):
+                    try:
+                        values = sensor.decode(raw) if raw is not None else None
+                    except Exception:
+                        values = None
+                    row.extend(values if values is not None else [None] * width)
+                for k, (column, scale) in enumerate(self._total_power or []):
+                    value = row[column]
+                    if value is not None and value == value:  # value == value: not NaN
+                        self._newest_w[k] = (self._times[len(self._rows)], value * scale)
+                self._rows.append(row)
 
     def _sample(self) -> None:
         t = self.clock()
@@ -148,3 +184,24 @@ class Sampler:
                 100.0 * self.cpu_time_s / span if span and self.cpu_time_s is not None else None
             ),
         }
+
+
+
+def total_rails(fields: Sequence[Field]) -> List[str]:
+    """The rails (keys of the POWER and ENERGY fields) whose sum is the job's total power and energy: a rail's
+    flags are its energy counter's where it has one, else its power gauge's; it counts where `total` and `job`."""
+    power = {f.key: f for f in fields if f.group == POWER}
+    energy = {f.key: f for f in fields if f.group == ENERGY}
+    flags = {r: energy.get(r) or power[r] for r in dict.fromkeys(list(power) + list(energy))}
+    return [r for r, f in flags.items() if f.total and f.job]
+
+
+def total_power_columns(fields: Sequence[Field]) -> Optional[List[Tuple[int, float]]]:
+    """(column, scale to W) of the POWER gauge of each of `total_rails`; None without a total rail or where one
+    has no POWER gauge (its watts would come from counter differences, which windows.py takes only over windows
+    the counter resolves: not two samples of NVML's ~100 ms energy counter)."""
+    power = {f.key: (i, f.scale) for i, f in enumerate(fields) if f.group == POWER}
+    total = total_rails(fields)
+    if not total or any(r not in power for r in total):
+        return None
+    return [power[r] for r in total]

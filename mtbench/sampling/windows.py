@@ -16,7 +16,7 @@ import numpy as np
 
 from mtbench.sampling import aggregate, thermal
 from mtbench.sampling.procfs import USER_HZ
-from mtbench.sampling.sampler import Samples, StepMark
+from mtbench.sampling.sampler import Samples, StepMark, total_rails
 from mtbench.sampling.sensor import ENERGY, GPU_UTIL, POWER, POWER_AVG, Field
 
 # gaps longer than this many sampling intervals (and at least 50 ms) make a gauge's window unknown
@@ -137,7 +137,7 @@ class Rails:
         self.energy: Dict[str, Field] = {f.key: f for f in samples.group(ENERGY)}
         self.names = list(dict.fromkeys(list(self.power) + list(self.energy)))
         self.fields = {r: (self.energy.get(r) or self.power[r]) for r in self.names}
-        self.total = [r for r in self.names if self.fields[r].total and self.fields[r].job]
+        self.total = total_rails(samples.fields)  # the rule the live line's watts follow too
         self.gap = {r: field_gap_s(samples, f, interval_ms) for r, f in self.power.items()}
         gaps = np.diff(samples.time_s)
         self.sample_s = float(np.median(gaps)) if len(gaps) else interval_ms / 1000.0
