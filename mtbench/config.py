@@ -22,6 +22,10 @@ OBJECTIVES = {"step_time_s": "minimize", "throughput": "maximize", "energy_per_s
 OBJECTIVES.update({"time_to_target_s": "minimize", "energy_to_target_j": "minimize"})
 # Zeus's weighted time-energy cost per sample: objective_eta x energy + (1 - objective_eta) x max power x time, in J
 OBJECTIVES["energy_time_cost_j"] = "minimize"
+# top-level keys that change how a job is run, not what it measures: a resumed sweep may differ in them, and a
+# report draws jobs that differ only in them as one series
+NOT_MEASURED_KEYS = ("resume", "device_lock", "lock_dir", "allow_parallel", "objective", "logger", "objective_eta",
+                     "objective_max_power_w")
 
 # Config groups whose option a user picks on the command line (`model=vgg19`); each is a folder in conf/.
 GROUPS = ("model", "data", "device", "sampler", "target", "experiment", "logger")

@@ -14,6 +14,7 @@ from mtbench.campaign.resume import objective_value
 from mtbench.config import check_overrides
 from mtbench.errors import UsageError
 from mtbench.report.build import make_report
+from mtbench.results.console import print_summary
 from mtbench.workload.base import SetupContext, Workload
 from tests.conftest import mtbench_cli
 from tests.fake_sysfs import make_tx2
@@ -167,7 +168,21 @@ def test_objectives_and_report_figure(accuracy_run, tmp_path):
     assert "accuracy_squeezenet.png" in (report / "README.md").read_text()
 
 
-def test_loss_target_without_power_sensor(run, tmp_path):
+def console_text(summary, capsys) -> str:
+    """The job's console summary as one line of words (the table wraps long cells)."""
+    capsys.readouterr()
+    print_summary(summary, "out")
+    return " ".join(capsys.readouterr().out.split())
+
+
+def test_console_prints_the_time_and_energy_to_target(accuracy_run, capsys):
+    s, _ = accuracy_run
+    assert (f"to target until.accuracy=0.9 reached: {s['steps_to_target']} steps ({s['samples_to_target']} samples), "
+            f"training time {s['time_to_target_s']:.4g} s, wall time with checks {s['wall_to_target_s']:.4g} s, "
+            f"energy {s['energy_to_target_j']:.4g} J") in console_text(s, capsys)
+
+
+def test_loss_target_without_power_sensor(run, tmp_path, capsys):
     # losses 1, 1/2, 1/3, 1/4: the warm-up step, then checks after each step; 1/4 <= 0.3 meets the target
     s = run(FALLING + ["warmup=1", "steps=10", "until.loss=0.3", "until.eval_every=1", "sampler=procfs"])
     assert s["success"], s["failure"]
@@ -177,15 +192,20 @@ def test_loss_target_without_power_sensor(run, tmp_path):
     assert objective_value(s, "energy_to_target_j") == math.inf
     checks = read_csv(tmp_path / "job" / "evals.csv")
     assert [float(c["loss"]) for c in checks] == pytest.approx([1 / 2, 1 / 3, 1 / 4], rel=1e-5)
+    # no power sensor: the console says why there is no energy to target, never 0 J
+    assert (f"to target until.loss=0.3 reached: 4 steps (64 samples), training time {s['time_to_target_s']:.4g} s, "
+            f"wall time with checks {s['wall_to_target_s']:.4g} s, energy n/a (no power sensor sampled the job's "
+            f"total (sampler.sensors has no power rail here))") in console_text(s, capsys)
 
 
-def test_loss_checked_on_the_mean_since_the_last_check(run, tmp_path):
+def test_loss_checked_on_the_mean_since_the_last_check(run, tmp_path, capsys):
     s = run(FALLING + ["warmup=0", "steps=5", "until.loss=0.01", "until.eval_every=2", "sampler=procfs"])
     assert s["success"], s["failure"]
     assert s["target_reached"] is False and s["measured_steps"] == 5  # `steps` ran out
     for key in ("steps_to_target", "samples_to_target", "time_to_target_s", "wall_to_target_s", "energy_to_target_j"):
         assert s[key] is None and "not met in 5 steps" in s["unavailable"][key]
     assert objective_value(s, "time_to_target_s") == math.inf
+    assert f"to target until.loss=0.01 NOT reached: {s['unavailable']['steps_to_target']}" in console_text(s, capsys)
     # checks after steps 2 and 4 (the mean of the two steps since the last check) and after the last step
     checks = read_csv(tmp_path / "job" / "evals.csv")
     assert [float(c["loss"]) for c in checks] == pytest.approx([(1 + 1 / 2) / 2, (1 / 3 + 1 / 4) / 2, 1 / 5],

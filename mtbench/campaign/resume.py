@@ -8,12 +8,7 @@ from typing import Any, Dict, Optional, Tuple
 
 from omegaconf import DictConfig
 
-from mtbench.config import OBJECTIVES
-
-
-# keys that change how a job is run, not what it measures: a resumed sweep may differ in them
-NOT_MEASURED_KEYS = ("resume", "device_lock", "lock_dir", "allow_parallel", "objective", "logger")
-NOT_MEASURED_KEYS += ("objective_eta", "objective_max_power_w")
+from mtbench.config import NOT_MEASURED_KEYS, OBJECTIVES
 
 
 def finished_summary(out_dir: str, cfg: DictConfig) -> Optional[Dict[str, Any]]:

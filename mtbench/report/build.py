@@ -13,7 +13,8 @@ from mtbench.report.figures import (fig_energy, fig_memory, fig_memory_breakdown
 from mtbench.report.html import write_page
 from mtbench.report.pareto import fig_pareto
 from mtbench.report.datawait import fig_datawait
-from mtbench.report.jobs import assign_boards, by_model, find_summaries, fold_repeats, has_batch, root_labels
+from mtbench.report.jobs import assign_boards, find_summaries, fold_repeats, has_batch, root_labels
+from mtbench.report.series import by_series
 from mtbench.report.tables import csv_columns, readme
 from mtbench.results.files import atomic_write, csv_text
 
@@ -55,7 +56,7 @@ def _write_report(jobs: List[Dict[str, Any]], unreadable: List[Dict[str, str]], 
     dirs = [j["_dir"] for j in jobs] + [u["_dir"] for u in unreadable]
     rows = [[d] + [f.get(k) for k in keys[1:]] for d, f in zip(dirs, flat)]
     atomic_write(out / "summary.csv", csv_text(keys, rows))
-    groups = by_model(jobs)
+    groups = by_series(jobs)  # one line per model, board and combination of the settings that vary
     others = [j for j in jobs if not has_batch(j)]  # mtbench-sample runs: no batch axis
     not_measured: List[Tuple[str, str]] = []  # (what, why) of a figure or panel left out: nothing to draw
     figures = [fig_power(groups, out, others, not_measured)]

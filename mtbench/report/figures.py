@@ -1,4 +1,4 @@
-"""The PNG figures of a report: per model across batch sizes, one series per (model, board); a figure or panel with
+"""The PNG figures of a report: per model across batch sizes, the series of report/series.py; a figure or panel with
 nothing measured is left out and listed as "not measured: why" (report/panels.py draws them all alike)."""
 from __future__ import annotations
 

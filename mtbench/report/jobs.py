@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 from collections import defaultdict
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from mtbench.errors import UsageError
 from mtbench.results.reader import UnreadableSummary, read_checked
@@ -139,20 +139,11 @@ def job_label(job: Dict[str, Any], with_board: bool = False) -> str:
     return f"{text}\n{job.get('_board') or board_of(job)}" if with_board else text
 
 
-def series_name(model: str, board: str) -> str:
-    return f"{model} @ {board}"
-
-
-def by_model(jobs: List[Dict[str, Any]]) -> Dict[str, List[Dict[str, Any]]]:
-    """Jobs with a batch size, per model (per model and board where they ran on several boards), in batch order
-    (the figures' x axis)."""
-    several = len(boards(jobs)) > 1
-    groups: Dict[str, List[Dict[str, Any]]] = defaultdict(list)
-    for j in jobs:
-        if has_batch(j):
-            model = str(j.get("model"))
-            groups[series_name(model, str(j.get("_board") or board_of(j))) if several else model].append(j)
-    return {m: sorted(js, key=lambda j: j.get("batch_size") or 0) for m, js in sorted(groups.items())}
+def varying_keys(settings: Sequence[Mapping[str, Any]]) -> List[str]:
+    """The keys whose values differ between these settings ({key: value} each; a key one lacks is None there),
+    sorted."""
+    keys = sorted({k for s in settings for k in s})
+    return [k for k in keys if len({repr(s.get(k)) for s in settings}) > 1]
 
 
 def job_folder(job: Dict[str, Any]) -> Path:

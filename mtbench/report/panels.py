@@ -56,13 +56,18 @@ def reasons(jobs: Sequence[Dict[str, Any]], key: str) -> str:
 
 
 def styles(groups: Dict[str, List[Dict[str, Any]]]) -> Dict[str, Dict[str, Any]]:
-    """One colour per model in every figure; one marker and line style per board."""
-    models = sorted(set(str(js[0].get("model")) for js in groups.values() if js))
-    board_list = sorted(set(str(js[0].get("_board") or board_of(js[0])) for js in groups.values() if js))
+    """One colour per model in every figure; one marker and line style per board and settings (report/series.py)."""
+    def model(js: List[Dict[str, Any]]) -> str:
+        return str(js[0].get("model")) if js else ""
+
+    def kind(js: List[Dict[str, Any]]) -> Tuple[str, str]:
+        return (str(js[0].get("_board") or board_of(js[0])), str(js[0].get("_variant") or "")) if js else ("", "")
+
+    models = sorted(set(model(js) for js in groups.values()))
+    kinds = sorted(set(kind(js) for js in groups.values()))
     out = {}
     for name, js in groups.items():
-        m = models.index(str(js[0].get("model"))) if js else 0
-        b = board_list.index(str(js[0].get("_board") or board_of(js[0]))) if js else 0
+        m, b = models.index(model(js)), kinds.index(kind(js))
         out[name] = {"color": f"C{m % 10}", "marker": MARKERS[b % len(MARKERS)],
                      "linestyle": LINESTYLES[b % len(LINESTYLES)]}
     return out

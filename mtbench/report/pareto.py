@@ -9,7 +9,7 @@ import matplotlib
 matplotlib.use("Agg")  # files only: no display needed
 import matplotlib.pyplot as plt  # noqa: E402
 
-from mtbench.report.jobs import value_at  # noqa: E402
+from mtbench.report.jobs import value_at, varying_keys  # noqa: E402
 from mtbench.results.files import atomic_write  # noqa: E402
 
 
@@ -26,8 +26,7 @@ def label(setting: Dict[str, Any]) -> str:
 def knob_axis(jobs: List[Dict[str, Any]]) -> Optional[str]:
     """The one power.* key whose values differ between `jobs`, where each job sets it to a number; else None."""
     settings = [setting_of(j) for j in jobs]
-    keys = {k for s in settings for k in s}
-    varying = [k for k in sorted(keys) if len({repr(s.get(k)) for s in settings}) > 1]
+    varying = varying_keys(settings)
     if len(varying) != 1:
         return None
     values = [s.get(varying[0]) for s in settings]
