@@ -346,6 +346,7 @@ SCHEMA: Dict[str, Any] = {
     "memory.select": _one_of(*SELECTORS),
     "memory.expandable_segments": _boolean,
     "memory.cpu_malloc": _one_of(*CPU_MALLOC),
+    "memory.breakdown": _boolean,
     "power.nvpmodel": _null_or(_mode, "an nvpmodel mode id or name (`mtbench power` lists them)"),
     "power.cpu_cores": _null_or(_cores, "a number of cores >= 1 or a list of core indices (e.g. [0,2])"),
     "power.cpu_max_khz": _null_or(_int, "a whole number of kHz >= 1"),

@@ -42,8 +42,13 @@ TINY = {
 @pytest.mark.parametrize("batch", [1, 3])
 @pytest.mark.parametrize("model", group_options("model"))
 def test_model_trains_one_step(run, model, batch):
-    summary = run([f"model={model}", f"batch={batch}"] + TINY.get(model, []))
+    # the memory breakdown's untimed tracked step once per model (batch 1): at batch 3 it is skipped, as a user can
+    breakdown = [] if batch == 1 else ["memory.breakdown=false"]
+    summary = run([f"model={model}", f"batch={batch}"] + TINY.get(model, []) + breakdown)
     assert summary["success"], summary["failure"]
+    if batch != 1:
+        assert summary["mem_breakdown_bytes"] is None
+        assert summary["unavailable"]["mem_breakdown_bytes"].startswith("memory.breakdown=false")
     assert summary["measured_steps"] == 1
     assert summary["step_time_s"]["median"] > 0
     assert summary["parameters"] > 10_000

@@ -178,10 +178,10 @@ class Job:
         self.mem, self.profiled_mem = (peak.read(), None) if self.unprofiled_mem is None else (self.unprofiled_mem,
                                                                                                peak.read())
         self.progress.phase("breakdown")
-        # the workload's own figures over the measured steps, taken before the untimed step below adds one more
-        self.extra = self.workload.extra_metrics(len(self.durations))
-        # where the peak went: one more step under torch's MemTracker, after the measured steps and their peak
-        self.breakdown, self.breakdown_reason = breakdown_bytes(self.workload, self.device)
+        self.extra = self.workload.extra_metrics(len(self.durations))  # before the untimed step below adds one
+        # where the peak went: one more step under torch's MemTracker after the measured steps (memory.breakdown)
+        self.breakdown, self.breakdown_reason = breakdown_bytes(self.workload, self.device,
+                                                                enabled=setting(self.cfg, "memory.breakdown", True))
         self.failure = self.planner.budget_failure(self.mem)
 
     def _timed_step(self, index: int, warmup: bool) -> float:

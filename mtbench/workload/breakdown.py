@@ -90,15 +90,16 @@ def _multi_grad_hooks_removed_after() -> Iterator[None]:
             handle.remove()
 
 
-def breakdown_bytes(workload: Any, device: torch.device,
-                    step: Optional[Callable[[], None]] = None) -> Tuple[Optional[Dict[str, Any]], Optional[str]]:
+def breakdown_bytes(workload: Any, device: torch.device, step: Optional[Callable[[], None]] = None,
+                    enabled: bool = True) -> Tuple[Optional[Dict[str, Any]], Optional[str]]:
     """Run ONE more training step under MemTracker; return (breakdown, None) or (None, reason).
+    `enabled=False` (memory.breakdown=false) runs nothing and gives the reason.
 
     The breakdown holds the six PARTS at the tracked peak of that step, `tracked_peak` (their sum), `tool`, and on
     CUDA `allocator_peak` and `allocator_reserved_peak` of the same step. Call it after the measured steps (and
     after their peak was read): the tracker intercepts every op and would slow timed steps many times over.
     """
-    reason = unavailable_reason()
+    reason = unavailable_reason() if enabled else "memory.breakdown=false: the untimed tracked step was not run"
     if reason is not None:
         return None, reason
     step = step or workload.step
