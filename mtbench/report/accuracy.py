@@ -41,7 +41,8 @@ def _target(job: Dict[str, Any]) -> Optional[Tuple[str, float]]:
 
 
 def fig_accuracy(groups: Dict[str, List[Dict[str, Any]]], out: Path) -> List[str]:
-    """accuracy_<model>.png (loss_<model>.png for until.loss) per model with runs to a target; [] when none."""
+    """accuracy_<series>.png (loss_<series>.png for until.loss) per series (model and settings) with runs to a target;
+    [] when none."""
     names = []
     for model, js in groups.items():
         runs = [(j, _target(j), _curve(j)) for j in js if _target(j) is not None]
