@@ -80,9 +80,8 @@ class Sampler:
         self._ahead: List[Deque[List[Optional[float]]]] = [deque() for _ in self.sensors]
         self._total_power = total_power_columns(self._fields)
         # per total-power column: (its sensor, its place among that sensor's values, scale to W) ...
-        starts = np.cumsum([0] + self._widths)
-        self._power_at = [(i, column - int(starts[i]), scale) for column, scale in self._total_power or []
-                          for i in [int(np.searchsorted(starts, column, side="right")) - 1]]
+        places = [(i, place) for i, width in enumerate(self._widths) for place in range(width)]  # per column
+        self._power_at = [(*places[column], scale) for column, scale in self._total_power or []]
         self._power_sensors = sorted({i for i, _, _ in self._power_at})
         # ... and its newest value as (sample time s, W) once decoded
         self._newest_w: List[Optional[Tuple[float, float]]] = [None] * len(self._power_at)
