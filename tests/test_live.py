@@ -1,5 +1,5 @@
 """The live line's watts: the sampler's latest total power (decoding each sample once), what the job sends, what
-the line draws, and a job whose Progress messages carry the power of a fake TX2's input rail."""
+the line draws, and a job (either sampler mode) whose Progress messages carry the power of a fake TX2's input rail."""
 from __future__ import annotations
 
 import csv
@@ -13,6 +13,7 @@ from rich.console import Console
 
 from mtbench.results import live
 from mtbench.results.live import LiveLine, Progress, ProgressSender
+from mtbench.sampling.process import ProcessSampler
 from mtbench.sampling.sampler import LIVE_POWER_MAX_AGE_S, Sampler
 from mtbench.sampling.sensor import COUNTER, ENERGY, GAUGE, POWER, Field, Sensor
 from tests.conftest import compose_cfg
@@ -146,6 +147,26 @@ def test_each_sample_is_decoded_once_across_latest_power_and_samples():
     assert list(samples.columns["pkg_energy_uj"]) == [400.0 * k for k in range(9)]
 
 
+def test_latest_power_decodes_only_the_power_sensors_and_samples_keeps_each_row_whole():
+    """The live line's read decodes the sensors that give the total rails; samples() later decodes the others,
+    each sample once, and every row still holds one sample's values of every sensor."""
+    clock, rails, counter = Clock(), Rails(), WrappingCounter(wrap_uj=1000)
+    sampler = Sampler([counter, rails], interval_ms=5, clock=clock)
+    assert sampler.gives_power
+    for k in range(6):
+        rails.values = [9000.0 + k, 3000.0, 2500.0]  # VDD_IN tells which sample a row's rails came from
+        take(sampler, clock)
+        assert sampler.latest_power_w() == pytest.approx(12.0 + k / 1000)
+    assert counter.decoded == {}  # the counter waits for samples(): the read costs only the power sensors' decode
+    take(sampler, clock, 2)
+    samples = sampler.samples()
+    assert counter.decoded == {k: 1 for k in range(1, 9)}
+    assert list(samples.columns["pkg_energy_uj"]) == [400.0 * k for k in range(8)]
+    assert list(samples.columns["vdd_in_power_mw"]) == [9000.0 + k for k in range(6)] + [9005.0] * 2
+    sampler.latest_power_w()
+    assert len(sampler.samples()) == 8 and not Sampler([counter], clock=clock).gives_power
+
+
 def test_the_sender_attaches_the_watts_and_asks_for_them_at_most_every_refresh_period():
     sent, clock, asked = [], Clock(), []
 
@@ -195,7 +216,9 @@ def test_the_line_shows_the_watts_only_when_known():
                                            "  alexnet batch 2: measure, 20 steps (2.0 s elapsed, 7.3 W)"]
 
 
-def test_a_job_sampling_a_tx2s_rails_in_its_process_sends_their_total_between_steps(tmp_path, monkeypatch):
+@pytest.mark.parametrize("mode", ["thread", "process"])
+def test_a_job_sends_the_total_power_of_a_tx2s_rails_between_steps(tmp_path, monkeypatch, mode):
+    """In the job's process (thread) or from the sampling process (process, the default), without waiting for it."""
     from mtbench import config
     from mtbench.job.messages import Message
     from mtbench.job.run import run_job
@@ -205,7 +228,8 @@ def test_a_job_sampling_a_tx2s_rails_in_its_process_sends_their_total_between_st
     make_tx2(tmp_path / "tx2", {"VDD_IN": 9000, "VDD_SYS_GPU": 3500, "VDD_SYS_CPU": 1500,
                                         "VDD_SYS_SOC": 900, "VDD_SYS_DDR": 700})
     reads = []  # (start, end) of each power read
-    latest = Sampler.latest_power_w
+    cls = Sampler if mode == "thread" else ProcessSampler
+    latest = cls.latest_power_w
 
     def timed_latest(self):
         start = time.monotonic()
@@ -214,15 +238,17 @@ def test_a_job_sampling_a_tx2s_rails_in_its_process_sends_their_total_between_st
         finally:
             reads.append((start, time.monotonic()))
 
-    monkeypatch.setattr(Sampler, "latest_power_w", timed_latest)
+    monkeypatch.setattr(cls, "latest_power_w", timed_latest)
     sent = []
     cfg = compose_cfg([*FAKE, "+model.workload.seconds=0.02", "warmup=1", "steps=3", "sampler=jetson",
-                       f"sampler.sysfs_root={tmp_path / 'tx2'}", "sampler.mode=thread"])
+                       f"sampler.sysfs_root={tmp_path / 'tx2'}", f"sampler.mode={mode}"])
     summary = run_job(cfg, tmp_path / "job", notify=lambda kind, p: sent.append(p) if kind == Message.PROGRESS else 0)
     assert summary["success"], summary["failure"]
+    assert summary["sampler"].get("mode", "thread") == mode
     stepped = [p for p in sent if p.done]
     assert len(stepped) == 4 and all(p.power_w in (None, pytest.approx(9.0)) for p in sent)  # VDD_IN only
-    # the warm-up may end before the sampler thread's first sample (a None, never a 0); the measured steps see it
+    # the warm-up may end before the sampler thread's first sample, or (process) before the first answer came:
+    # a None, never a 0; the measured steps see it
     assert [p.power_w for p in stepped if p.phase == "measure"] == [pytest.approx(9.0)] * 3, sent
     assert sent[0].phase == "build" and sent[0].power_w is None  # before the sampler starts: no samples, no watts
     with open(tmp_path / "job" / "steps.csv") as f:

@@ -1,5 +1,5 @@
-"""The sampler in a process of its own: the same samples and figures as the thread, and a death that is a
-recorded failure of the job, never a hang."""
+"""The sampler in a process of its own: the same samples and figures as the thread, the live line's watts without
+waiting for them, and a death that is a recorded failure of the job, never a hang."""
 from __future__ import annotations
 
 import json
@@ -22,7 +22,7 @@ from mtbench.sampling.process import PROCESS_TITLE, ProcessSampler, SamplerError
 from mtbench.sampling.windows import cpu_utilization, process_cpu_pct
 from mtbench.workload.base import SetupContext
 from tests.conftest import compose_cfg
-from tests.fake_sysfs import make_tx2
+from tests.fake_sysfs import make_tx2, write_value
 from tests.fake_workloads import BusyLoop
 from tests.test_isolation import FAKE, isolated
 
@@ -209,3 +209,78 @@ def test_a_sampler_killed_while_stopping_names_the_signal():
     with pytest.raises(SamplerError, match=r"(died|is gone) .*\(killed by signal 9, SIGKILL\)"):
         sampler.stop()
     assert sampler.stats()["samples"] == 0 and "SIGKILL" in sampler.stats()["error"]
+
+
+def test_the_live_watts_come_from_the_sampling_process_without_waiting(tmp_path, monkeypatch):
+    max_age_s = 0.3
+    monkeypatch.setattr(process_sampler, "LIVE_POWER_MAX_AGE_S", max_age_s)  # the sampling process keeps 1 s
+    files = make_tx2(tmp_path / "tx2", TX2_POWER)
+    sampler = ProcessSampler(["procfs", "jetson"], {"jetson": {"sysfs_root": str(tmp_path / "tx2")}}, interval_ms=5)
+    assert sampler.latest_power_w() is None  # before start() nothing is asked
+    took: List[float] = []  # seconds each call took
+
+    def ask():
+        t = time.monotonic()
+        try:
+            return sampler.latest_power_w()
+        finally:
+            took.append(time.monotonic() - t)
+
+    def refreshes_until(watts: float) -> int:
+        """How many calls, 50 ms apart (the line's refresh is 250 ms), until the answer is `watts`."""
+        for k in range(20):
+            if ask() == pytest.approx(watts):
+                return k
+            time.sleep(0.05)
+        raise AssertionError(f"never {watts} W")
+
+    try:
+        sampler.start()
+        assert refreshes_until(9.0) <= 2  # VDD_IN only: the other rails lie inside it
+        before = time.monotonic()
+        write_value(files["VDD_IN"], 12000)
+        after = time.monotonic()
+        assert refreshes_until(12.0) <= 2
+        time.sleep(max_age_s + 0.2)  # a step longer than the age limit: its answer is the previous step end's
+        assert ask() == pytest.approx(12.0)
+        time.sleep(0.05)
+        assert ask() == pytest.approx(12.0)  # the answer to this request may come, or the one before is young
+        os.kill(sampler.pid, signal.SIGSTOP)  # frozen, no answer comes: a call that waited for one would hang
+        frozen, answers = time.monotonic(), []
+        while time.monotonic() - frozen < max_age_s + 0.2:
+            answers.append(ask())
+            time.sleep(0.05)
+        os.kill(sampler.pid, signal.SIGCONT)
+        assert answers[0] == pytest.approx(12.0) and answers[-1] is None  # the last answer, until it is too old
+        assert refreshes_until(12.0) <= 2
+        assert max(took) < 0.005, max(took)
+        samples = sampler.stop()  # a request is outstanding: its answer comes first
+    finally:  # a failed check leaves no frozen process behind
+        if sampler.stats()["samples"] == 0:
+            os.kill(sampler.pid, signal.SIGCONT)
+            sampler.close()
+    assert len(samples) == sampler.stats()["samples"] and np.all(np.diff(samples.time_s) > 0)
+    vdd_in = samples.columns["VDD_IN_power_mw"]
+    # every sample decoded once, in its row: 9 W up to the write, 12 W from it on (a read follows its time stamp)
+    assert np.all(vdd_in[samples.time_s < before - 0.01] == 9000) and np.all(vdd_in[samples.time_s > after] == 12000)
+    assert np.count_nonzero(np.diff(vdd_in)) == 1 and not np.isnan(samples.columns["proc_rss_bytes"]).any()
+    assert sampler.latest_power_w() is None  # after stop()
+
+
+def test_stop_skips_the_answers_to_power_requests_in_flight(tmp_path):
+    make_tx2(tmp_path / "tx2", TX2_POWER)
+    sampler = ProcessSampler(["jetson"], {"jetson": {"sysfs_root": str(tmp_path / "tx2")}}, interval_ms=5).start()
+    time.sleep(0.1)
+    assert sampler.latest_power_w() is None  # the first call only asks
+    # and at once more calls, then stop: after any call one request is outstanding, its answer still to come
+    # or unread on the socket, before the samples
+    sampler.latest_power_w()
+    sampler.latest_power_w()
+    samples = sampler.stop()
+    assert len(samples) == sampler.stats()["samples"] > 10
+    assert np.all(samples.columns["VDD_IN_power_mw"] == 9000)  # each sample's row whole, none lost
+    assert np.all(samples.columns["VDD_SYS_GPU_power_mw"] == 3500)
+    assert _sampling_processes() == []
+
+    no_power = ProcessSampler(["procfs"], interval_ms=5).start()  # nothing gives power: nothing is asked
+    assert no_power.latest_power_w() is None and len(no_power.stop()) >= 1

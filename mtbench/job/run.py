@@ -113,7 +113,7 @@ class Job:
             else:
                 sensors, self.sensor_status = open_sensors(names, options)
                 self.sampler = Sampler(sensors, self.interval_ms)
-                self.progress.power_w = self.sampler.latest_power_w  # the live line's watts, read between steps
+            self.progress.power_w = self.sampler.latest_power_w  # the live line's watts, read between steps
         except SensorUnavailable as exc:
             raise UsageError(f"sampler: {exc}") from None
 

@@ -6,11 +6,11 @@ costs a clock read and an append. `LiveLine` runs in the parent that forked the 
 terminal (rich, redrawn at most every REFRESH_S from the parent's own poll loop, so that the elapsed time moves
 during a long step) or, when stdout is not a terminal, prints one plain line per phase (logs stay clean). The
 job's CPU and resident memory come from /proc/<pid> of the job's process, read by the parent: the job does no
-work for them. Power (W) is shown where the job's own process holds the samples (`sampler.mode=thread`): the
-sender asks the sampler for the latest total power when it sends, between steps and at most every REFRESH_S;
-the sampler decodes only the samples taken since it was last asked. With `sampler.mode=process` (the default)
-the samples stay in the sampling process until the job stops it, and the line shows no power
-(docs/commands.md, "The live line").
+work for them. Power (W) is shown where a sensor gives the total power rails: the sender asks the sampler for
+the latest total power when it sends, between steps and at most every REFRESH_S. With `sampler.mode=thread` the
+sampler decodes the samples taken since it was last asked and answers at once; with `sampler.mode=process` (the
+default) the job never waits for the sampling process: it takes the answer to its previous request and sends a
+new one, so the watts lag by one refresh (one step where steps are longer) (docs/commands.md, "The live line").
 """
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ class Progress:
     last_step_s: Optional[float] = None  # the last step's time (warm-up steps too)
     eta_s: Optional[float] = None  # seconds of steps left in the whole job at `sent_s` (None: not known yet)
     sent_s: float = 0.0  # time.monotonic() when sent (one clock for every process of the machine)
-    power_w: Optional[float] = None  # total power now, W (None: not sampled in the job's process, or not known)
+    power_w: Optional[float] = None  # total power now, W (None: no total power rail, or not known yet)
 
 
 class ProgressSender:

@@ -9,6 +9,17 @@ thread and NVML's handles belong to the process that opened them) and runs the e
 `stop()` it decodes the samples and hands them back in bulk through a socket pair. Step marks stay in the
 training process: CLOCK_MONOTONIC is one clock for every process of the machine.
 
+The live line's watts (`latest_power_w()`, asked between steps at most every REFRESH_S of results/live.py) come
+through the same socket without the training process ever waiting: each call reads the answer already there
+(`poll(0)`), then sends one ("power",) request if none is outstanding, and returns the newest answer; so the
+watts lag by one call (one refresh, or one step where steps are longer). The sampling process's command thread
+answers at once with `Sampler.latest_power_w()`: it decodes the samples taken since the last answer of the
+sensors that give the total power, and only those (the rest wait for `stop()`; each sample is decoded once).
+That thread runs at the raised priority, as the loop thread does, so the answer preempts the training for the
+decode (a few microseconds a sample; a refresh holds ~50 samples at 5 ms) and the loop thread's next read may
+wait that long for the GIL; docs/commands.md ("The live line") has the figure. Without a total power rail the
+training process asks nothing.
+
 A process of its own is not enough on a busy CPU: with both cores training, the scheduler let it wake 5-15 ms
 late (89 % of the asked samples, p99 13 ms on a 2-core machine). So its sampling thread asks for the lowest
 real-time priority (SCHED_FIFO 1: it preempts the training's threads the moment its period comes, then sleeps
@@ -30,9 +41,9 @@ import sys
 import time
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from mtbench.sampling.sampler import Samples, StepMark
+from mtbench.sampling.sampler import LIVE_POWER_MAX_AGE_S, Samples, StepMark
 from mtbench.sampling.sensor import SensorUnavailable
 
 READY_TIMEOUT_S = 60.0  # the interpreter's start and the sensors' opening (jtop's first connection takes seconds)
@@ -73,6 +84,9 @@ class ProcessSampler:
         self._stats: Optional[dict] = None
         self._error: Optional[SamplerError] = None
         self._started_at: Optional[float] = None
+        self._gives_power = False  # the sampling process has a total power rail (told at start)
+        self._power: Optional[Tuple[float, Optional[float]]] = None  # the newest answer: (when asked, W or None)
+        self._power_asked_s: Optional[float] = None  # when the outstanding ("power",) request was sent (None: none)
         options = {k: dict(v or {}) for k, v in (options or {}).items()}
         options.setdefault("procfs", {}).setdefault("pid", os.getpid() if pid is None else pid)
         self._conn, child_conn = multiprocessing.Pipe(duplex=True)  # a socket pair
@@ -104,7 +118,31 @@ class ProcessSampler:
         if kind != "started":
             self._fail(f"the sampling process did not start: {payload}")
         self._started_at = time.monotonic()
+        self._gives_power = bool(payload)
         return self
+
+    def latest_power_w(self) -> Optional[float]:
+        """The total power in W as the sampling process's `Sampler.latest_power_w()` gave it, never waiting: reads
+        the answers already on the socket, sends a new request if none is outstanding, returns the newest answer.
+        It lags by one call: the answer to the request of the previous call (None at the first call). An answer
+        is dropped once older than LIVE_POWER_MAX_AGE_S unless it answers the latest request (steps longer than
+        that: the watts at the previous step's end); None before start(), after stop(), without a total power
+        rail, and once the sampling process is gone (mark_step or stop() says so)."""
+        if not self._gives_power or self._started_at is None or self._samples is not None or self._error is not None:
+            return None
+        now = time.monotonic()
+        try:
+            while self._conn.poll(0):  # an answer is one small write: whole once any of it is there
+                self._keep_power(self._conn.recv())
+            latest = self._power_asked_s is None  # nothing outstanding: the newest answer is the latest request's
+            if self._power_asked_s is None:
+                self._conn.send(("power",))
+                self._power_asked_s = now
+        except (OSError, EOFError):
+            return None
+        if self._power is None or not (latest or now - self._power[0] <= LIVE_POWER_MAX_AGE_S):
+            return None
+        return self._power[1]
 
     def stop(self) -> Samples:
         """End sampling and return every sample, decoded; SamplerError if the sampling process is gone."""
@@ -160,18 +198,31 @@ class ProcessSampler:
             self._fail(f"the sampling process is gone {when}")
 
     def _receive(self, timeout_s: float, when: str) -> Tuple[str, Any]:
+        """The next message but the answers to ("power",) requests (one sent before "stop" is answered first)."""
         deadline = time.monotonic() + timeout_s
         while True:
             left = deadline - time.monotonic()
             try:
                 if self._conn.poll(max(0.0, min(left, 0.2))):  # data, or EOF once the process is gone
-                    return self._conn.recv()
+                    message = self._conn.recv()
+                    if not self._keep_power(message):
+                        return message
+                    continue
             except (OSError, EOFError):  # it died, perhaps halfway through sending
                 self._fail(f"the sampling process died {when}")
             if self._process.poll() is not None:
                 self._fail(f"the sampling process died {when}")
             if left <= 0:
                 self._fail(f"the sampling process did not answer within {timeout_s:.0f} s {when}")
+
+    def _keep_power(self, message: tuple) -> bool:
+        """Keep the answer to the outstanding ("power",) request; False for a message that is no answer."""
+        if message[0] != "power":
+            return False
+        if self._power_asked_s is not None:
+            self._power = (self._power_asked_s, message[1])
+            self._power_asked_s = None
+        return True
 
     def _fail(self, message: str) -> None:
         try:  # a process that closed its socket by dying is a zombie a moment later: its exit code says how
@@ -232,7 +283,7 @@ def serve(fd: int, parent_pid: int) -> None:
     try:
         conn.send(("ready", status))
         command = _next_command(conn, parent_pid)
-        waited_cpu_s = time.thread_time()  # this thread only waits while the loop thread samples
+        waited_cpu_s = time.thread_time()  # this thread waits (and answers the live line) while the loop samples
         priority = "normal"
         if command is not None and command[0] == "start":
             priority = _raise_priority()  # the loop thread, started next, inherits it
@@ -242,15 +293,15 @@ def serve(fd: int, parent_pid: int) -> None:
             sampler.start()
             while sampler.stats()["samples"] == 0:  # the first step begins after the first sample
                 time.sleep(0.0002)
-            conn.send(("started", None))
-            command = _next_command(conn, parent_pid)
+            conn.send(("started", sampler.gives_power))  # without a total power rail nobody asks for it
+            command = _next_command(conn, parent_pid, sampler.latest_power_w)
         waited_cpu_s = time.thread_time() - waited_cpu_s
         _normal_priority()  # the decoding (in this thread) need not preempt anyone
         gc.enable()
         samples = sampler.stop()  # joins the loop, then decodes (after the run: not counted as its cost)
         if command is not None and command[0] == "stop":
             stats = sampler.stats()
-            # the process's cost while it sampled: the loop thread's CPU and this waiting thread's
+            # the process's cost while it sampled: the loop thread's CPU and this thread's (waits, answers)
             cpu_s = (sampler.cpu_time_s or 0.0) + waited_cpu_s
             span = float(samples.time_s[-1] - samples.time_s[0]) if len(samples) > 1 else None
             stats.update(cpu_time_s=cpu_s, cpu_pct_of_one_core=100.0 * cpu_s / span if span else None,
@@ -286,13 +337,26 @@ def _normal_priority() -> None:
         pass
 
 
-def _next_command(conn: Connection, parent_pid: int) -> Optional[tuple]:
-    """The next command from the training process; None once it is gone (its end closed, or it died)."""
+def _next_command(conn: Connection, parent_pid: int,
+                  power_w: Optional[Callable[[], Optional[float]]] = None) -> Optional[tuple]:
+    """The next command from the training process; None once it is gone (its end closed, or it died). With
+    `power_w` (while sampling) each ("power",) request is answered with ("power", power_w()) and the wait goes on."""
     while True:
         try:
             if conn.poll(PARENT_CHECK_S):
-                return conn.recv()
+                command = conn.recv()
+                if power_w is None or command[:1] != ("power",):
+                    return command
+                conn.send(("power", _answer(power_w)))
+                continue
         except (OSError, EOFError):
             return None
         if os.getppid() != parent_pid:  # orphaned (should another process hold the training process's end)
             return None
+
+
+def _answer(power_w: Callable[[], Optional[float]]) -> Optional[float]:
+    try:
+        return power_w()
+    except Exception:  # noqa: BLE001 - the line loses its watts; the samples and the sampling go on
+        return None

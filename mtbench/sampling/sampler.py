@@ -2,15 +2,17 @@
 
 Framework-agnostic on purpose (no torch): it is used by the training runner and around any command
 (`mtbench-sample`). Callers mark step windows with `mark_step`; aggregation happens after `stop`. Between
-steps a caller in the sampler's process may ask `latest_power_w()` (the job's live line): it decodes the
-samples taken since the last call, work that `samples()` would otherwise do at the end, and nothing more.
+steps a caller in the sampler's process may ask `latest_power_w()` (the job's live line; in `sampler.mode=process`
+the sampling process's command thread asks for it): it decodes the samples taken since the last call of the
+sensors that give the total power only, work that `samples()` would otherwise do at the end, and nothing more.
 """
 from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass
-from typing import Any, Callable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Deque, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -71,10 +73,18 @@ class Sampler:
         self._thread: Optional[threading.Thread] = None
         self._fields = [f for s in self.sensors for f in s.fields()]
         self._widths = [len(s.fields()) for s in self.sensors]
-        self._decoding = threading.Lock()  # one decoder at a time: each sample decoded once, in order
+        # one decoder at a time (the caller of samples() or latest_power_w(): the loop thread only appends), so
+        # each sensor decodes each sample once, in order
+        self._decoding = threading.Lock()
+        # per sensor, its values decoded ahead of the rows (latest_power_w decodes only the power sensors)
+        self._ahead: List[Deque[List[Optional[float]]]] = [deque() for _ in self.sensors]
         self._total_power = total_power_columns(self._fields)
-        # per total-power column, its newest value as (sample time s, W) once decoded
-        self._newest_w: List[Optional[Tuple[float, float]]] = [None] * len(self._total_power or [])
+        # per total-power column: (its sensor, its place among that sensor's values, scale to W) ...
+        places = [(i, place) for i, width in enumerate(self._widths) for place in range(width)]  # per column
+        self._power_at = [(*places[column], scale) for column, scale in self._total_power or []]
+        self._power_sensors = sorted({i for i, _, _ in self._power_at})
+        # ... and its newest value as (sample time s, W) once decoded
+        self._newest_w: List[Optional[Tuple[float, float]]] = [None] * len(self._power_at)
 
     def start(self) -> "Sampler":
         self._thread = threading.Thread(target=self._run, name="mtbench-sampler", daemon=True)
@@ -103,15 +113,24 @@ class Sampler:
         self._decode_new()
         return Samples(self._fields, self._times[: len(self._rows)], self._rows)
 
+    @property
+    def gives_power(self) -> bool:
+        """Whether latest_power_w() can give watts: every total rail has a POWER gauge."""
+        return self._total_power is not None
+
     def latest_power_w(self) -> Optional[float]:
         """The total power now in W: the sum of each total rail's newest value (rails chosen as windows.Rails
         chooses its total: those whose field counts toward the total and is the job's, each from its POWER
         gauge). None without such a rail, where one has only an energy counter, or where a rail's newest value
         is older than LIVE_POWER_MAX_AGE_S (a source that stopped answering, a sampler that stopped). Decodes
-        the samples taken since the last call (work `samples()` then need not do): call it between steps."""
+        the samples taken since the last call of the sensors that give those rails (work `samples()` then need
+        not do; the other sensors wait for it): call it between steps."""
         if self._total_power is None:
             return None
-        self._decode_new()
+        with self._decoding:
+            upto = len(self._times)
+            for i in self._power_sensors:
+                self._decode_sensor(i, upto)
         newest = [v for v in self._newest_w if v is not None]
         if len(newest) < len(self._newest_w):
             return None
@@ -121,21 +140,33 @@ class Sampler:
         return float(sum(w for _, w in newest))
 
     def _decode_new(self) -> None:
-        """Decode the samples not decoded yet, in order, each once."""
+        """Decode the samples not decoded yet into rows, in order, each once."""
         with self._decoding:
-            for raws in self._raws[len(self._rows): len(self._times)]:
+            upto = len(self._times)  # the raws up to it are complete: _sample appends a raw row before its time
+            for i in range(len(self.sensors)):
+                self._decode_sensor(i, upto)
+            for _ in range(len(self._rows), upto):
                 row: List[Optional[float]] = []
-                for sensor, raw, width in zip(self.sensors, raws, self._widths):
-                    try:
-                        values = sensor.decode(raw) if raw is not None else None
-                    except Exception:
-                        values = None
-                    row.extend(values if values is not None else [None] * width)
-                for k, (column, scale) in enumerate(self._total_power or []):
-                    value = row[column]
-                    if value is not None and value == value:  # value == value: not NaN
-                        self._newest_w[k] = (self._times[len(self._rows)], value * scale)
+                for ahead in self._ahead:
+                    row.extend(ahead.popleft())
                 self._rows.append(row)
+
+    def _decode_sensor(self, i: int, upto: int) -> None:
+        """Decode sensor i's raws of the samples before `upto` that it has not decoded (under _decoding)."""
+        sensor, width, ahead = self.sensors[i], self._widths[i], self._ahead[i]
+        power = [(k, place, scale) for k, (s, place, scale) in enumerate(self._power_at) if s == i]
+        for n in range(len(self._rows) + len(ahead), upto):
+            raw = self._raws[n][i]
+            try:
+                decoded = sensor.decode(raw) if raw is not None else None
+            except Exception:
+                decoded = None
+            values: List[Optional[float]] = list(decoded) if decoded is not None else [None] * width
+            for k, place, scale in power:
+                value = values[place]
+                if value is not None and value == value:  # value == value: not NaN
+                    self._newest_w[k] = (self._times[n], value * scale)
+            ahead.append(values)
 
     def _sample(self) -> None:
         t = self.clock()
