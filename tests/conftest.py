@@ -3,6 +3,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -51,6 +52,28 @@ def run(tmp_path, monkeypatch):
         return summary
 
     return _run
+
+
+def _predictor_reason() -> str:
+    from mtbench.workload.breakdown import unavailable_reason
+
+    return unavailable_reason() or ""
+
+
+# the predictor (and memory.select's predicted plans, mtbench predict, calibrate) traces with MemTracker: torch >= 2.5
+needs_predictor = pytest.mark.skipif(bool(_predictor_reason()), reason=f"the predictor {_predictor_reason()}")
+
+
+def as_nobody() -> List[str]:
+    """The command prefix that runs a program as user nobody (as a shared board's user), or a skip with the reason:
+    not root, no setpriv, or an interpreter that nobody cannot start (a Python built under /root)."""
+    if shutil.which("setpriv") is None or os.geteuid() != 0:
+        pytest.skip("needs root and setpriv to run as another user")
+    prefix = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"]
+    probe = subprocess.run(prefix + [sys.executable, "-c", "pass"], capture_output=True, text=True, timeout=60)
+    if probe.returncode != 0:
+        pytest.skip(f"user nobody cannot start this interpreter: {probe.stderr.strip()[:200]}")
+    return prefix
 
 
 def mtbench_cli(*args: str, cwd=None, timeout: float = 600) -> subprocess.CompletedProcess:

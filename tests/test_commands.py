@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from mtbench.commands import registry
-from tests.conftest import REPO, mtbench_cli
+from tests.conftest import REPO, as_nobody, mtbench_cli, needs_predictor
 
 
 def one_line(proc: subprocess.CompletedProcess) -> str:
@@ -115,14 +115,12 @@ def test_an_interval_from_an_experiment_yaml_is_checked_before_the_job(tmp_path)
 
 def test_a_read_only_sweep_folder_is_one_line():
     # root writes anywhere: the folder is read-only for the user who runs mtbench (nobody)
-    if shutil.which("setpriv") is None or os.geteuid() != 0:
-        pytest.skip("needs root and setpriv to run as another user")
+    nobody = as_nobody()
     base = Path(tempfile.mkdtemp(prefix="mtbench-ro-"))
     try:
         os.chmod(base, 0o755)
         env = dict(os.environ, PYTHONPATH=str(REPO), HOME=str(base))
-        proc = subprocess.run(["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", sys.executable,
-                               "-m", "mtbench", "-m", "model=squeezenet", "batch=1,2", f"hydra.sweep.dir={base}/sweep"],
+        proc = subprocess.run([*nobody, sys.executable, "-m", "mtbench", "-m", "model=squeezenet", "batch=1,2", f"hydra.sweep.dir={base}/sweep"],
                               cwd=str(base), env=env, capture_output=True, text=True, timeout=300)
         assert "is not writable by this user" in one_line(proc) and str(base) in proc.stderr
     finally:
@@ -135,6 +133,7 @@ def test_maxbatch_without_a_model_is_refused(tmp_path):
     assert not list(tmp_path.iterdir())  # nothing probed
 
 
+@needs_predictor
 def test_a_corrupt_calibration_file_is_one_line(tmp_path):
     bad = tmp_path / "cal.json"
     bad.write_text('{"schema": "mtbench.calibration/1", "key": ')
@@ -184,6 +183,7 @@ def test_a_calibration_written_under_the_old_names_still_loads(tmp_path, monkeyp
     assert calibration.load("none-cpu") == cal
 
 
+@needs_predictor
 def test_a_fifo_or_a_link_named_as_calibration_is_one_line_without_blocking(tmp_path):
     import os
 

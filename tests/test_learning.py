@@ -11,6 +11,7 @@ import torch
 
 from mtbench.config import group_options, instantiate
 from mtbench.workload.base import SetupContext, step_losses
+from mtbench.workload.torch_internals import on_device
 from tests.conftest import compose_cfg
 from tests.fake_workloads import _Base
 
@@ -213,7 +214,7 @@ def test_no_step_reads_its_loss_back_to_the_host(model):
 
     overrides, data = META[model]
     cfg = compose_cfg([f"model={model}", *overrides])
-    with torch.device("meta"):
+    with on_device("meta"):
         workload = instantiate(cfg.model.workload, "model.workload")
     workload.setup(SetupContext(device=torch.device("meta"), batch_size=2, data=Synthetic(**data), seed=0, batches=1))
     returned = workload.step()
@@ -242,8 +243,9 @@ def test_recompute_gives_the_loss_sequence_of_plain_training():
 
 # without BatchNorm (and without dropout, whose masks are drawn in another order per micro-batch) micro-batches give
 # the full batch's loss to float rounding; with BatchNorm each micro-batch is normalized by its own statistics, a
-# different computation (docs/memory.md): measured 2.2 % apart at most over 6 steps of mobilenetv2, allowed 5 %
-MICROBATCH_TOLERANCE = {"char_rnn": 1e-5, "bert": 1e-5, "mobilenetv2": 0.05}
+# different computation (docs/memory.md): measured 2.2 % apart at most over 4 steps of mobilenetv2 on torch 2.14.1 and
+# 8.3 % on torch 1.13.1 (the compat run), allowed 10 %
+MICROBATCH_TOLERANCE = {"char_rnn": 1e-5, "bert": 1e-5, "mobilenetv2": 0.10}
 
 
 @pytest.mark.parametrize("model", sorted(MICROBATCH_TOLERANCE))

@@ -18,7 +18,7 @@ from mtbench.workload.plans import AUTO_SEGMENTS, NONE, MemoryPlan, partition, p
 from mtbench.planning.planner import read_budget_file
 from mtbench.workload.base import SetupContext
 from models.classification import ImageClassification
-from tests.conftest import compose_cfg
+from tests.conftest import compose_cfg, needs_predictor
 
 SHAPE = (3, 8, 8)
 # a job of the suite's image classification with TinyCNN as its network, 8x8 images
@@ -464,6 +464,7 @@ def test_counting_flops_keeps_no_recomputed_activation_alive(monkeypatch):
     assert counted.breakdown_bytes["activations"] < plain.breakdown_bytes["activations"]
 
 
+@needs_predictor
 def test_a_predicted_plan_is_confirmed_by_a_probe_and_replaced_when_it_does_not_fit(run, monkeypatch):
     """auto never trains over its budget on the predictor's word (issue 26): the predicted plan runs a probe step;
     here the predictor says `none` fits 4000 bytes, the probe measures 8000, and the probes' choice replaces it."""
@@ -486,6 +487,7 @@ def test_a_predicted_plan_is_confirmed_by_a_probe_and_replaced_when_it_does_not_
     assert plan["probed_peak_bytes"] <= budget_bytes
 
 
+@needs_predictor
 def test_a_predicted_plan_whose_probe_fits_is_kept_and_says_so(run, monkeypatch):
     monkeypatch.setattr(plan_select, "job_predictor", lambda cfg, device_type, budget_bytes: object())
     monkeypatch.setattr(plan_select, "peak_untrusted", lambda *args: None)  # a trusted predictor (CUDA, calibrated)

@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 from mtbench.config import group_options, instantiate
+from mtbench.workload.torch_internals import on_device
 from tests.conftest import compose_cfg
 
 CNNS = ["alexnet", "vgg16", "vgg19", "resnet50", "resnet101", "resnet152", "densenet40", "densenet100",
@@ -65,7 +66,7 @@ def _smallest_maps(net: nn.Module, size: int):
         outs.append(output.shape[-1] * output.shape[-2])
 
     hooks = [m.register_forward_hook(record) for m in net.modules() if isinstance(m, (nn.BatchNorm2d, nn.Conv2d))]
-    with torch.device("meta"):
+    with on_device("meta"):
         net(torch.empty(2, 3, size, size))
     for h in hooks:
         h.remove()
@@ -75,7 +76,7 @@ def _smallest_maps(net: nn.Module, size: int):
 @pytest.mark.parametrize("model", CNNS)
 def test_no_cnn_collapses_a_cifar_image(model):
     cfg = compose_cfg([f"model={model}"])
-    with torch.device("meta"):
+    with on_device("meta"):
         net = instantiate(cfg.model.workload.net, "model.workload.net")
     seen, out = _smallest_maps(net.train(), 32)
     assert seen >= 4 and out >= 4, f"{model}: a layer sees a {seen}-pixel map, outputs {out}"
@@ -86,7 +87,7 @@ def test_imagenet_variant_is_torchvisions():
 
     cfg = compose_cfg(["model=resnet50", "model.workload.net.variant=imagenet", "data.image_size=224"])
     assert list(cfg.model.workload.input_shape) == [3, 224, 224]
-    with torch.device("meta"):
+    with on_device("meta"):
         net = instantiate(cfg.model.workload.net, "model.workload.net")
         ref = torchvision.models.resnet50(weights=None, num_classes=10)
     assert str(net) == str(ref)
@@ -108,7 +109,7 @@ def test_seq2seq_step_copies_nothing_to_the_host():
     from mtbench.workload.base import SetupContext
 
     cfg = compose_cfg(["model=seq2seq", "model.workload.hidden=8", "model.workload.layers=1"])
-    with torch.device("meta"):
+    with on_device("meta"):
         workload = instantiate(cfg.model.workload, "model.workload")
     data = Synthetic(src_vocab=50, tgt_vocab=40, mean_sentence=4.0, max_sentence=6)
     workload.setup(SetupContext(device=torch.device("meta"), batch_size=3, data=data, seed=0, batches=1))

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from mtbench.results.files import REQUIRED_KEYS
-from tests.conftest import REPO, ctrl_c_raises
+from tests.conftest import REPO, as_nobody, ctrl_c_raises
 
 BUSY = "import time\nt = time.monotonic()\nwhile time.monotonic() - t < {s}: pass\n"
 MARKED = """
@@ -165,8 +165,7 @@ def test_the_marker_warns_on_a_read_only_step_file(tmp_path):
     import shutil
     import tempfile
 
-    if shutil.which("setpriv") is None or os.geteuid() != 0:
-        pytest.skip("needs root and setpriv to run as another user")
+    nobody = as_nobody()
     base = tempfile.mkdtemp(prefix="mtbench-marker-")
     try:
         os.chmod(base, 0o755)
@@ -175,8 +174,7 @@ def test_the_marker_warns_on_a_read_only_step_file(tmp_path):
             f.write("1.0 2.0\n")
         os.chmod(steps, 0o444)
         code = "from mtbench.marker import step\nfor i in range(2):\n    with step(): pass\nprint('done')"
-        proc = subprocess.run(["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", sys.executable,
-                               "-c", code], env=dict(os.environ, PYTHONPATH=str(REPO), MTBENCH_STEP_FILE=steps),
+        proc = subprocess.run([*nobody, sys.executable, "-c", code], env=dict(os.environ, PYTHONPATH=str(REPO), MTBENCH_STEP_FILE=steps),
                               capture_output=True, text=True, timeout=60, cwd=base)
         assert proc.returncode == 0 and proc.stdout.strip() == "done", proc.stderr
         assert proc.stderr.count("cannot write step marks") == 1 and "PermissionError" in proc.stderr

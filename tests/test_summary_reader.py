@@ -15,7 +15,7 @@ from mtbench.errors import UsageError
 from mtbench.report import make_report
 from mtbench.results import console, reader
 from mtbench.results.reader import UnreadableSummary
-from tests.conftest import mtbench_cli
+from tests.conftest import mtbench_cli, needs_predictor
 from tests.test_report_boards import REAL_SHAPE, write_jobs
 
 DEEP = "[" * 100_000 + "]" * 100_000
@@ -171,6 +171,7 @@ def test_the_console_says_why_power_is_null():
 # ---- the other readers: calibrate and maxbatch ---------------------------------------------------------------
 
 
+@needs_predictor
 def test_calibration_skips_a_summary_that_is_not_one(tmp_path):
     from mtbench.predict.fit import read_summaries
 

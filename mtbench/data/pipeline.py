@@ -95,14 +95,24 @@ class Pipeline:
                 batch = next(self.iterator)
         except (ConnectionError, EOFError) as exc:  # a worker killed while it sent a batch: torch's own error or this
             raise RuntimeError(f"DataLoader worker ended while sending a batch ({type(exc).__name__}: {exc})"
-                               f"{self._deaths()}") from None
+                               f"{self._dead_workers_ended()}") from None
         except RuntimeError as exc:  # torch's "DataLoader worker (pid(s) N) exited unexpectedly": name the signal
             if "DataLoader worker" not in str(exc):
                 raise
-            raise RuntimeError(f"{exc}{self._deaths()}") from None
+            raise RuntimeError(f"{exc}{self._dead_workers_ended()}") from None
         wait_s = time.monotonic() - start
         self.meter.read_workers(self._worker_pids())
         return batch, wait_s
+
+    def _dead_workers_ended(self) -> str:
+        """How the dead workers ended, after the loader's workers are shut down: torch's SIGCHLD handler raises
+        anew at any later signal while a failed worker is still registered (in the job's failure handling, say)."""
+        deaths = self._deaths()
+        try:
+            self._end_workers()
+        except Exception:  # noqa: BLE001 - the worker's death is the error to report
+            pass
+        return deaths
 
     def _deaths(self) -> str:
         """How the loader's workers that died ended (" (worker pid N killed by SIGKILL)"), or ""."""

@@ -19,6 +19,7 @@ from mtbench.planning import choose as plan_select
 from mtbench.planning.malloc import choose_cpu_malloc
 from mtbench.planning.budget_file import BudgetFile, read_budget_file  # noqa: F401 - tests import it here
 from mtbench.workload.plans import NONE, MemoryPlan, PlanSettings, settings_from_cfg
+from mtbench.workload.torch_internals import on_device
 
 log = logging.getLogger("mtbench")
 
@@ -149,7 +150,7 @@ class Planner:
                 return
             from mtbench.config import instantiate
 
-            with torch.device("meta"):  # what the workload can run, without allocating it
+            with on_device("meta"):  # what the workload can run, without allocating it
                 shell = instantiate(self.cfg.model.workload, "model.workload")
             self.choice = self._choose(shell, probe=False)
 

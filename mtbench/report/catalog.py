@@ -70,8 +70,9 @@ def _row(name: str, cfg: Any) -> ModelRow:
     import torch  # here, not at the top: a listing from the cache imports no torch
 
     from mtbench.report.flops import training_flops_per_sample
+    from mtbench.workload.torch_internals import on_device
 
-    with torch.device("meta"):  # shapes only: a 140M-parameter VGG costs nothing to build
+    with on_device("meta"):  # shapes only: a 140M-parameter VGG costs nothing to build
         workload = instantiate(cfg.model.workload, "model.workload")
     params = workload.parameter_count()
     try:

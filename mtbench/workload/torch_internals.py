@@ -9,6 +9,7 @@ torch.utils.swap_tensors (2.3+) and torch.optim.*._default_to_fused_or_foreach o
 - `foreach_optimizers`: torch.optim's implementation choice as on a CUDA GPU.
 - `new_recording_tracker`: the trace's MemTracker subclass (keeps the order of allocations and frees), and
   `step_tracker_class`, the measured breakdown's (a network run twice in one step restarts its statistics).
+- `on_device`: `with torch.device(d):` (torch >= 2.0), and on torch 1.13 the same through a TorchFunctionMode.
 """
 from __future__ import annotations
 
@@ -171,3 +172,29 @@ def step_tracker_class() -> type:
             super()._pre_fw_hook(module, inputs)
 
     return StepTracker
+
+
+# the factory functions torch 2.0's device context (torch.utils._device) gives a default device
+_FACTORIES = ("empty", "empty_strided", "zeros", "ones", "full", "rand", "randn", "randint", "randperm", "arange",
+              "range", "linspace", "logspace", "eye", "tensor", "as_tensor", "scalar_tensor", "sparse_coo_tensor")
+
+
+def on_device(device: Any) -> Any:
+    """A context in which new tensors and modules' parameters are made on `device` ("meta": shapes only): torch's
+    own `torch.device` context from 2.0, and on torch 1.13 (a TX2's JetPack 4 route) the same rule written as a
+    TorchFunctionMode (the factory functions get `device` where the call names none), as torch 2.0 implements it."""
+    device = torch.device(device)
+    if hasattr(device, "__enter__"):
+        return device
+    from torch.overrides import TorchFunctionMode
+
+    factories = {getattr(torch, name) for name in _FACTORIES if hasattr(torch, name)}
+
+    class _DeviceMode(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            kwargs = dict(kwargs or {})
+            if func in factories and kwargs.get("device") is None:
+                kwargs["device"] = device
+            return func(*args, **kwargs)
+
+    return _DeviceMode()
