@@ -163,7 +163,10 @@ def test_models_rows_are_counted_once_then_read_from_the_cache(tmp_path, monkeyp
 
     cache = FlopCache(tmp_path / "cache" / "models")
     (first,) = catalog.model_rows(["batch=1"], names=["alexnet"], cache=cache)
-    assert cache.misses == 1 and first.flops_per_sample
+    from importlib.util import find_spec
+
+    counted = find_spec("torch.utils.flop_counter") is not None  # torch >= 2.1: else null with the reason, cached too
+    assert cache.misses == 1 and (first.flops_per_sample is not None) == counted, first
     files = list((tmp_path / "cache" / "models").iterdir())
     assert len(files) == 1 and oct(files[0].parent.stat().st_mode & 0o777) == "0o700"
 

@@ -40,7 +40,9 @@ from mtbench.sampling.windows import cpu_utilization
 SYNC = "mtbench::clock_sync"
 HOST_CATS = ("cpu_op", "user_annotation")
 BACKWARD_PREFIX = "autograd::engine::evaluate_function: "
-KINETO_LINE = re.compile(r"^(USDT|STAGE):\d{4}-\d\d-\d\d ")  # e.g. "USDT:2026-12-01 22:44:29 7981:7981 ...] profiler_start"
+# Kineto's log lines: "USDT:2026-12-01 22:44:29 7981:7981 ...] profiler_start" (torch 2.x), "STAGE:... Completed Stage:
+# Warm Up" and "ERROR:... CudaDeviceProperties.cpp:26] cudaGetDeviceCount failed with code 35" (torch 1.13, no driver)
+KINETO_LINE = re.compile(r"^(USDT|STAGE|ERROR|WARNING|INFO):\d{4}-\d\d-\d\d \d\d:\d\d:\d\d \d+:\d+ [\w.]+:\d+\] ")
 
 
 def _record_always(step: int) -> ProfilerAction:
@@ -142,7 +144,8 @@ class Profiler:
         """(the profiler's Chrome trace, offset s such that monotonic = ts_us / 1e6 + offset, drift in us)."""
         with tempfile.TemporaryDirectory() as tmp:
             path = os.path.join(tmp, "trace.json")
-            self.prof.export_chrome_trace(path)
+            with kineto_lines_captured(self.kineto_lines):  # torch 1.13 logs a "Completed Stage" line here
+                self.prof.export_chrome_trace(path)
             with open(path) as f:
                 trace = json.load(f)
         if not isinstance(trace, dict):
