@@ -16,7 +16,9 @@ profiler starts and stops, go to profiler.log in the job's folder instead of the
 from __future__ import annotations
 
 import contextlib
+import functools
 import gzip
+import inspect
 import json
 import os
 import re
@@ -48,6 +50,16 @@ KINETO_LINE = re.compile(r"^(USDT|STAGE|ERROR|WARNING|INFO):\d{4}-\d\d-\d\d \d\d
 def _record_always(step: int) -> ProfilerAction:
     """The schedule: every step recorded (a schedule is what makes torch write its ProfilerStep#N spans)."""
     return ProfilerAction.RECORD
+
+
+@functools.lru_cache(maxsize=None)
+def _names_the_step_before() -> bool:
+    """Whether this torch's profile.step() names the span it opens by the step number before its increment
+    ("ProfilerStep#" + str(cur_step): torch 1.13) rather than after it (torch 2.x)."""
+    try:
+        return "str(cur_step)" in inspect.getsource(profile.step)
+    except (OSError, TypeError):  # no source: the current naming
+        return False
 
 
 @contextlib.contextmanager
@@ -83,6 +95,7 @@ class Profiler:
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
         self.prof = profile(activities=activities, schedule=_record_always)
         self.prof.step_num = first_step  # ProfilerStep#N numbered as the job's steps (steps.csv's index)
+        self._step = first_step  # the step whose ProfilerStep span is open
         self.kineto_lines: List[str] = []
         self.syncs: List[Tuple[float, float, int]] = []  # (bracket midpoint, width, which sync point)
         self.layers: List[Interval] = []
@@ -130,7 +143,10 @@ class Profiler:
     def step_to(self, index: int) -> None:
         """Between steps, before step `index`: the previous ProfilerStep span ends and #index begins (torch's
         prof.step(); the first step's span opened with the profiler)."""
-        while self.prof.step_num < index:
+        while self._step < index:
+            self._step += 1
+            if _names_the_step_before():  # torch 1.13 names the new span by step_num before its increment
+                self.prof.step_num = self._step
             self.prof.step()
 
     def __exit__(self, *exc: object) -> None:
