@@ -122,9 +122,8 @@ def quiet() -> str:
 def maxbatch_comparison(models) -> None:
     """Guided (predicted max batch, then probes) against the full search, both timed in this one run."""
     from mtbench.campaign.maxbatch import probe_isolated, search, search_guided
-    from mtbench.predict.predictor import Predictor
+    from mtbench.campaign.prediction import predicted_max_batch
 
-    predictor = Predictor(target_name="nano", device="cpu")
     print(f"\nmax batch, target=nano device=cpu ({quiet()}):")
     print(f"{'model':<12} {'full':>6} {'probes':>6} {'s':>6} {'pred':>6} {'guided':>6} {'probes':>6} {'s':>6} "
           f"{'same':>5} {'speed-up':>8}")
@@ -137,7 +136,7 @@ def maxbatch_comparison(models) -> None:
                 return probe_isolated(overrides, batch, Path(tmp) / f"{next(n)}-b{batch}")
 
             t0 = time.monotonic()
-            predicted, _ = predictor.max_batch(model, 2)
+            predicted, _ = predicted_max_batch(model, "nano", overrides[1:], 2)  # in a process of its own, as the CLI
             guided = search_guided(prober, predicted=max(1, predicted or 1), model=model)
             guided_s = time.monotonic() - t0
             full = search(prober, model=model)
@@ -215,8 +214,10 @@ def main() -> None:
           f"{statistics.mean(mem_err):.1f} %, median {statistics.median(mem_err):.1f} % (goal <= 3), worst "
           f"{max(mem_err):.1f} % (goal <= 8)")
     print(f"after the predictions: {quiet()}")
-    if args.maxbatch:
-        maxbatch_comparison(MAXBATCH_MODELS)
+    if args.maxbatch:  # from a fresh process: this one ran autograd (the traces), and each probe is a fork
+        subprocess.run([sys.executable, "-c", "from benchmarks.predict_accuracy import MAXBATCH_MODELS, "
+                        "maxbatch_comparison; maxbatch_comparison(MAXBATCH_MODELS)"], check=False, cwd=REPO,
+                       env={**os.environ, "PYTHONPATH": str(REPO)})
 
     if not args.no_speed:
         out = subprocess.run([sys.executable, "-c", SPEED_CHILD], capture_output=True, text=True, cwd=REPO,

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import List
 
@@ -9,6 +10,7 @@ import pytest
 
 from mtbench.campaign import maxbatch
 from mtbench.campaign.maxbatch import Probe, search
+from tests.conftest import mtbench_cli, needs_predictor
 
 
 def fake_board(capacity: int, kind: str = "budget", calls: List[int] = None):
@@ -162,3 +164,17 @@ def test_search_must_be_full_or_guided(tmp_path, capsys):
                          prober=lambda *a: pytest.fail("probed"))
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and "fast" in err[0] and "guided" in err[0]
+
+
+@needs_predictor
+def test_guided_probes_train_after_the_real_prediction(tmp_path):
+    # the real predictor, then real probes, as a user runs it: the prediction's trace runs autograd, after which
+    # torch refuses autograd in a forked child ("Unable to handle autograd's threading in combination with
+    # fork-based multiprocessing"): every probe was an "error" and the guided search found nothing
+    proc = mtbench_cli("maxbatch", "model=squeezenet", "target=nano", "device=cpu", "--search", "guided",
+                       "target.memory_budget_bytes=300000000", "--limit", "12", "--out", str(tmp_path), timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    predicted = re.search(r"predicted max batch: (\d+)", proc.stdout)
+    assert predicted, proc.stdout
+    assert f"batch {predicted.group(1)}: fits under none" in proc.stdout, proc.stdout
+    assert "(error)" not in proc.stdout

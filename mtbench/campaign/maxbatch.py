@@ -9,8 +9,9 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional
 
+from mtbench.campaign.prediction import predicted_max_batch
 from mtbench.errors import UsageError
 from mtbench.results.reader import UnreadableSummary, checked, read_summary
 
@@ -307,22 +308,6 @@ def run(args: argparse.Namespace, prober: Optional[Callable[[List[str], int, Pat
     print_table(results, target)
     print(f"results in {out} (maxbatch.json, and each probe's job folder)")
     return 1 if any(r.error for r in results) else 0
-
-
-def predicted_max_batch(model: str, target: str, overrides: List[str], anchor: int) -> Tuple[Optional[int], str]:
-    """The predictor's max batch for `model` under the probes' overrides, or (None, why) where it has none: the
-    guided search then falls back to the full one."""
-    from mtbench.predict.predictor import Predictor
-
-    device = next((o.split("=", 1)[1] for o in reversed(overrides) if o.startswith("device=")), "auto")
-    rest = [o for o in overrides if not o.startswith(("target=", "device="))]
-    try:
-        predictor = Predictor(target_name=target, device=device, overrides=tuple(rest))
-        return predictor.max_batch(model, anchor)
-    except UsageError:
-        raise
-    except Exception as exc:  # the model cannot be traced: the full search needs no prediction
-        return None, f"no prediction ({type(exc).__name__}: {exc}); the full search runs instead"
 
 
 def write(out: Path, results: List[Search], fixed: List[str], target: str, args: argparse.Namespace) -> None:
