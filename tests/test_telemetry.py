@@ -322,7 +322,8 @@ def test_jtop_never_blocks_the_sampler(monkeypatch, version):
     # an earlier test's real jtop client (jetson-stats installed, its service absent) left a thread that loads the
     # board's libraries (imports OpenCV, runs dpkg): it holds the GIL for long stretches, so let it end first
     for thread in threading.enumerate():
-        if "_load_jetson_libraries" in thread.name:
+        target = getattr(thread, "_target", None)  # Python < 3.10 names it "Thread-N", without its target's name
+        if "_load_jetson_libraries" in thread.name or getattr(target, "__name__", "") == "_load_jetson_libraries":
             thread.join(timeout=60)
     module = make_jtop_module(version=version)
     monkeypatch.setitem(sys.modules, "jtop", module)
