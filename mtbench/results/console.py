@@ -63,8 +63,9 @@ def print_summary(summary: Dict[str, Any], out_dir: str, compact: bool = False) 
     table.add_row("energy/step", escape(_num(per_step, ".3f", " J") if per_step is not None
                                         else (why_null(summary, "energy_j.total", "n/a") if energy
                                                      else why_null(summary, "energy_j"))))
-    if target_line(summary):  # a run to a target (until.*): what it took to get there
-        table.add_row("to target", escape(target_line(summary) or ""))
+    target = target_line(summary)
+    if target:  # a run to a target (until.*): what it took to get there
+        table.add_row("to target", escape(target))
     table.add_row("peak memory", f"{fmt_bytes(summary.get('mem_peak_bytes'))} ({summary.get('mem_peak_source')})")
     table.add_row("memory breakdown", breakdown_line(summary))
     if summary.get("mem_fragmentation_bytes") is not None:

@@ -217,7 +217,6 @@ class Sampler:
         }
 
 
-
 def total_rails(fields: Sequence[Field]) -> List[str]:
     """The rails (keys of the POWER and ENERGY fields) whose sum is the job's total power and energy: a rail's
     flags are its energy counter's where it has one, else its power gauge's; it counts where `total` and `job`."""
