@@ -172,7 +172,7 @@ def test_guided_probes_train_after_the_real_prediction(tmp_path):
     # torch refuses autograd in a forked child ("Unable to handle autograd's threading in combination with
     # fork-based multiprocessing"): every probe was an "error" and the guided search found nothing
     proc = mtbench_cli("maxbatch", "model=squeezenet", "target=nano", "device=cpu", "--search", "guided",
-                       "target.memory_budget_bytes=300000000", "--limit", "12", "--out", str(tmp_path), timeout=300)
+                       "target.memory_budget_bytes=300000000", "--limit", "128", "--out", str(tmp_path), timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     predicted = re.search(r"predicted max batch: (\d+)", proc.stdout)
     assert predicted, proc.stdout
