@@ -136,12 +136,14 @@ def maxbatch_comparison(models) -> None:
                 return probe_isolated(overrides, batch, Path(tmp) / f"{next(n)}-b{batch}")
 
             t0 = time.monotonic()
-            predicted, _ = predicted_max_batch(model, "nano", overrides[1:], 2)  # in a process of its own, as the CLI
+            predicted, why = predicted_max_batch(model, "nano", overrides[1:], 2)  # in a process of its own, as the CLI
+            if predicted is None:
+                print(f"  {model}: {why}")
             guided = search_guided(prober, predicted=max(1, predicted or 1), model=model)
             guided_s = time.monotonic() - t0
             full = search(prober, model=model)
         same = abs(guided.max_batch - full.max_batch) <= max(1, 0.05 * full.max_batch)
-        print(f"{model:<12} {full.max_batch:>6} {len(full.probes):>6} {full.seconds:>6.0f} {predicted:>6} "
+        print(f"{model:<12} {full.max_batch:>6} {len(full.probes):>6} {full.seconds:>6.0f} {str(predicted):>6} "
               f"{guided.max_batch:>6} {len(guided.probes):>6} {guided_s:>6.0f} {str(same):>5} "
               f"{full.seconds / max(guided_s, 1e-9):>7.1f}x")
 

@@ -133,6 +133,16 @@ class DQN(Workload):
         if getattr(self, "env", None) is not None:
             self.env.close()
 
+    def host_bytes(self, later_steps: int) -> int:
+        """The replay buffer's touched pages (np.empty: a page is touched when a transition is first written)."""
+        buffer = getattr(self, "buffer", None)
+        if buffer is None:
+            return 0
+        per = sum(a.nbytes // buffer.capacity for a in (buffer.obs, buffer.next_obs, buffer.action, buffer.reward,
+                                                         buffer.done))
+        written = min(buffer.capacity, buffer.size + later_steps * self.env_steps)
+        return int(written * per)
+
     def units_per_sample(self) -> Dict[str, float]:
         return {"env_steps": self.env_steps / self.batch_size} if hasattr(self, "batch_size") else {}
 

@@ -220,3 +220,36 @@ def test_calibrate_profile_switch_reaches_the_fit(tmp_path, monkeypatch, capsys)
     assert main_calibrate([str(tmp_path), "profile=maybe"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["mtbench: error: profile='maybe' is not known; allowed: true, false"]
+
+
+def test_a_replay_buffer_is_predicted_on_a_cpu_not_on_a_gpu(tmp_path, monkeypatch):
+    """DQN's replay buffer is NumPy memory the trace's tensors never see (the prediction was 55 % low): on a CPU its
+    touched pages (setup's random play plus the job's steps, 4 environment steps each) count beside the tensors."""
+    monkeypatch.setenv(calibration.ENV_DIR, str(tmp_path))
+    from mtbench.predict.predictor import DEFAULT_NON_TENSOR_BYTES_CPU, Predictor
+
+    small = ("model.workload.learning_starts=40", "model.workload.buffer_size=100", "warmup=1",
+             "steps=3")
+    p = Predictor(target_name="none", device="cpu", overrides=small).predict("dqn", 8)
+    transition = 2 * 4 * 84 * 84 + 8 + 4 + 4  # observation and next observation (uint8), action, reward, done
+    assert p.non_tensor_bytes - DEFAULT_NON_TENSOR_BYTES_CPU == (40 + 4 * 4) * transition, p.non_tensor_note
+    assert "replay buffer" in p.non_tensor_note
+    full = Predictor(target_name="none", device="cpu", overrides=(*small[:-1], "steps=100")).predict("dqn", 8)
+    assert full.non_tensor_bytes - DEFAULT_NON_TENSOR_BYTES_CPU == 100 * transition  # no more than its capacity
+
+
+def test_a_budget_fixes_the_cpu_malloc_and_the_assumed_runtime_with_it(tmp_path, monkeypatch):
+    """Under a budget a CPU job runs with glibc's mmap threshold fixed (memory.cpu_malloc=auto: live), which keeps
+    far less memory that is not tensors (15-58 MiB at four models' max batch) than glibc's own settings (240-390)."""
+    monkeypatch.setenv(calibration.ENV_DIR, str(tmp_path))
+    from mtbench.predict import predictor as mod
+
+    tiny = ("model.workload.ngf=4", "model.workload.ndf=4")
+    assert mod.Predictor(target_name="nano", device="cpu", overrides=tiny).predict("dcgan", 2).non_tensor_bytes == \
+        mod.DEFAULT_NON_TENSOR_BYTES_CPU_LIVE
+    assert mod.Predictor(target_name="none", device="cpu", overrides=tiny).predict("dcgan", 2).non_tensor_bytes == \
+        mod.DEFAULT_NON_TENSOR_BYTES_CPU
+    glibc = mod.Predictor(target_name="nano", device="cpu", overrides=(*tiny, "memory.cpu_malloc=glibc"))
+    assert glibc.predict("dcgan", 2).non_tensor_bytes == mod.DEFAULT_NON_TENSOR_BYTES_CPU
+    budget_gb = mod.Predictor(target_name="none", device="cpu", overrides=(*tiny, "memory.budget_gb=1"))
+    assert budget_gb.predict("dcgan", 2).non_tensor_bytes == mod.DEFAULT_NON_TENSOR_BYTES_CPU_LIVE

@@ -169,7 +169,8 @@ class Predictor:
         trace_device = torch.device("cuda" if self.device == "cuda" and torch.cuda.is_available() else "cpu")
         # the runner prepares `batches` input batches and holds them all; one is traced (making inputs on fake
         # tensors is slow: BERT pads each example with its own ops) and the others are added as inputs
-        batches = min(MAX_PREPARED_BATCHES, int(cfg.warmup) + int(cfg.steps))
+        later = int(cfg.warmup) + int(cfg.steps)
+        batches = min(MAX_PREPARED_BATCHES, later)
         ctx = SetupContext(device=trace_device, batch_size=batch, data=instantiate(cfg.data, "data"), seed=int(cfg.seed),
                            batches=1)
 
@@ -178,7 +179,7 @@ class Predictor:
             return instantiate(cfg.model.workload, "model.workload")
 
         try:
-            trace = trace_step(make, ctx, cuda_optimizers=self.device == "cuda")
+            trace = trace_step(make, ctx, cuda_optimizers=self.device == "cuda", later_steps=later)
             return _with_batches(trace, batches), f"fake tensors on {trace_device.type}"
         except UsageError:
             raise
@@ -186,7 +187,7 @@ class Predictor:
             why = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
         cpu_ctx = SetupContext(device=torch.device("cpu"), batch_size=batch, data=ctx.data, seed=ctx.seed,
                                batches=1)
-        trace = trace_step(make, cpu_ctx, fake=False, cuda_optimizers=self.device == "cuda")
+        trace = trace_step(make, cpu_ctx, fake=False, cuda_optimizers=self.device == "cuda", later_steps=later)
         return (_with_batches(trace, batches),
                 f"real tensors on cpu (allocates; on fake tensors: {why})")
 
@@ -201,6 +202,10 @@ class Predictor:
         else:
             tensors, parts, reserved = trace.peak_tensor_bytes, dict(trace.breakdown_bytes), None
         runtime, non_tensor_note = self._runtime(trace, parts)
+        if self.device == "cpu" and trace.host_bytes:  # on a GPU host arrays are outside the allocator's budget
+            runtime += trace.host_bytes
+            non_tensor_note += (f"; + {trace.host_bytes / 2**20:.1f} MiB the workload holds outside tensors "
+                                "(Workload.host_bytes: a replay buffer's touched pages)")
         peak = (reserved if reserved is not None else tensors) + runtime
         budget = self.target.memory_budget_bytes
         step_s, roofline_s, time_note = self._time(trace)
@@ -279,17 +284,28 @@ class Predictor:
                 return lo, f"fits up to the search limit {MAX_BATCH_LIMIT}"
         else:
             lo, hi = 0, anchor
-        # lo fits (or is 0), hi does not; stop within 1 % (the answer stays a batch that fits)
+        # lo fits (or is 0), hi does not; stop within 1 % (the answer stays a batch that fits). The next batch is
+        # where the line through the two ends' peaks meets the budget (memory is about linear in the batch: two or
+        # three traces instead of seven), a bisection where an end's peak is unknown or the line moved the same end
+        # twice in a row (a curved peak would creep towards the answer)
+        peaks: Dict[int, Optional[int]] = {end: self.predict(model, end).peak_bytes for end in (lo, hi) if end > 0}
+        last: List[bool] = []  # the ends' traces are cached: no new trace
         while hi - lo > max(1, lo // 100):
             mid = (lo + hi) // 2
+            if lo in peaks and hi in peaks and last[-2:] not in ([True, True], [False, False]):
+                p_lo, p_hi = peaks[lo], peaks[hi]
+                if p_lo is not None and p_hi is not None and p_hi > p_lo:
+                    mid = min(hi - 1, max(lo + 1, lo + int((budget - p_lo) * (hi - lo) / (p_hi - p_lo))))
             try:
-                ok = fits(mid)
+                peaks[mid] = self.predict(model, mid).peak_bytes
+                ok = peaks[mid] <= budget
             except Exception:  # a batch the workload itself refuses (batch norm needs 2 samples): not a fit
-                ok = False
+                peaks[mid], ok = None, False
             if ok:
                 lo = mid
             else:
                 hi = mid
+            last.append(ok)
         if lo == 0:
             return 0, f"no batch up to {anchor} fits the budget"
         return lo, f"batch {hi} does not fit: {self.predict(model, hi).peak_bytes} > {budget} bytes"

@@ -34,6 +34,7 @@ class StepTrace:
     # (storage key, bytes | -1 freed | -2 changed kind, kind) in order: what the allocator model replays
     events: List[Tuple[int, int, str]] = field(default_factory=list)
     trace_s: float = 0.0  # wall time the trace took
+    host_bytes: int = 0  # what the workload holds outside tensors after the job's steps (Workload.host_bytes)
 
 
 def _walk_state(obj: Any, seen: set, depth: int = 0) -> Iterator[Any]:
@@ -236,7 +237,7 @@ _METADATA_OPS = {
 
 
 def trace_step(make_workload: Callable[[], Workload], ctx: SetupContext, fake: bool = True,
-               cuda_optimizers: bool = False) -> StepTrace:
+               cuda_optimizers: bool = False, later_steps: int = 0) -> StepTrace:
     """Build the workload (`make_workload()`), set it up and run two training steps on fake tensors; measure the second.
 
     Nothing is allocated: every tensor is a FakeTensor (shape, dtype, device only), also on a device this
@@ -267,6 +268,7 @@ def trace_step(make_workload: Callable[[], Workload], ctx: SetupContext, fake: b
         with tracker, flops, counter, opcost.optimizer_marked(counter):
             workload.step()
         peak = tracker.get_tracker_snapshot("peak")
+    host = workload.host_bytes(max(0, later_steps - 2))  # the trace ran two of the job's steps
     dev_snap = _device_snapshot(peak, ctx.device)
     parts = breakdown(dev_snap, inputs_bytes, state_bytes)
     return StepTrace(
@@ -283,6 +285,7 @@ def trace_step(make_workload: Callable[[], Workload], ctx: SetupContext, fake: b
         op_classes=counter.classes,
         events=tracker.events,
         trace_s=time.monotonic() - start,
+        host_bytes=int(host),
     )
 
 

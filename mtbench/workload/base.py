@@ -137,6 +137,11 @@ class Workload(abc.ABC):
         """Extra throughput units per sample, e.g. {"chars": 100} for a 100-character sequence."""
         return {}
 
+    def host_bytes(self, later_steps: int) -> int:
+        """Memory the workload holds outside torch tensors (NumPy arrays: a replay buffer's touched pages) once
+        `later_steps` more steps have run: the predictor adds it on a CPU, where it counts against a budget."""
+        return 0
+
     def close(self) -> None:
         """Release what the workload opened (an environment, files); the runner calls it after the job."""
 
