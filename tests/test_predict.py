@@ -253,3 +253,29 @@ def test_a_budget_fixes_the_cpu_malloc_and_the_assumed_runtime_with_it(tmp_path,
     assert glibc.predict("dcgan", 2).non_tensor_bytes == mod.DEFAULT_NON_TENSOR_BYTES_CPU
     budget_gb = mod.Predictor(target_name="none", device="cpu", overrides=(*tiny, "memory.budget_gb=1"))
     assert budget_gb.predict("dcgan", 2).non_tensor_bytes == mod.DEFAULT_NON_TENSOR_BYTES_CPU_LIVE
+
+
+@pytest.mark.parametrize("peak_of, best", [
+    (lambda b: 100 * 2**20 + b * 2**20 + (2**22 if b > 8 else 0), 1020),  # linear, a step above batch 8
+    (lambda b: 100 * 2**20 + b * b * 2**14, 256),  # curved: the line through the ends must not creep (Illinois)
+])
+def test_the_max_batch_search_interpolates_in_few_traces(monkeypatch, tmp_path, peak_of, best):
+    monkeypatch.setenv(calibration.ENV_DIR, str(tmp_path))
+    from types import SimpleNamespace
+
+    from mtbench.predict import predictor as mod
+
+    budget = 1124 * 2**20
+    predictor = mod.Predictor(target_name="nano", device="cpu", overrides=(f"target.memory_budget_bytes={budget}",))
+    traced = []
+
+    def predict(model, batch):
+        if batch not in traced:
+            traced.append(batch)
+        peak = peak_of(batch)
+        return SimpleNamespace(peak_bytes=peak, fits=peak <= budget)
+
+    monkeypatch.setattr(predictor, "predict", predict)
+    found, _ = predictor.max_batch("any", 2)
+    assert abs(found - best) <= max(1, best // 100) and peak_of(found) <= budget, (found, traced)
+    assert len(traced) <= (4 if best == 1020 else 15), traced  # bisection alone: 2, 4, the guess, then 12 more

@@ -257,11 +257,11 @@ class Predictor:
                             "`mtbench calibrate DIR`")
 
     def max_batch(self, model: str, anchor: int) -> Tuple[Optional[int], str]:
-        """The largest batch whose predicted peak fits the target's budget, by bisection on the predictor.
+        """The largest batch whose predicted peak fits the target's budget, by interpolation on the predictor.
 
         `anchor` is a batch known to trace. Memory grows about linearly with the batch, so two traces give a
-        first guess; the guess is then bracketed (a batch that fits, one that does not) and bisected, so the
-        answer is a batch the predictor says fits and whose successor it says does not.
+        first guess; the guess is then bracketed (a batch that fits, one that does not) and the bracket narrowed
+        by interpolation (Illinois) to within 1 %: the answer is a batch the predictor says fits.
         """
         budget = self.target.memory_budget_bytes
         if budget is None:
@@ -286,26 +286,29 @@ class Predictor:
             lo, hi = 0, anchor
         # lo fits (or is 0), hi does not; stop within 1 % (the answer stays a batch that fits). The next batch is
         # where the line through the two ends' peaks meets the budget (memory is about linear in the batch: two or
-        # three traces instead of seven), a bisection where an end's peak is unknown or the line moved the same end
-        # twice in a row (a curved peak would creep towards the answer)
-        peaks: Dict[int, Optional[int]] = {end: self.predict(model, end).peak_bytes for end in (lo, hi) if end > 0}
-        last: List[bool] = []  # the ends' traces are cached: no new trace
+        # three traces instead of seven), with the Illinois rule (an end kept twice counts half its distance from
+        # the budget, so a curved peak does not make the line creep), or the middle where an end has no peak
+        over: Dict[int, Optional[float]] = {end: float(self.predict(model, end).peak_bytes - budget)
+                                            for end in (lo, hi) if end > 0}  # the ends' traces are cached
+        moved = None
         while hi - lo > max(1, lo // 100):
             mid = (lo + hi) // 2
-            if lo in peaks and hi in peaks and last[-2:] not in ([True, True], [False, False]):
-                p_lo, p_hi = peaks[lo], peaks[hi]
-                if p_lo is not None and p_hi is not None and p_hi > p_lo:
-                    mid = min(hi - 1, max(lo + 1, lo + int((budget - p_lo) * (hi - lo) / (p_hi - p_lo))))
+            f_lo, f_hi = over.get(lo), over.get(hi)
+            if f_lo is not None and f_hi is not None and f_hi > f_lo:
+                mid = min(hi - 1, max(lo + 1, lo + int(-f_lo * (hi - lo) / (f_hi - f_lo))))
             try:
-                peaks[mid] = self.predict(model, mid).peak_bytes
-                ok = peaks[mid] <= budget
+                peak = self.predict(model, mid).peak_bytes
+                ok = peak <= budget
             except Exception:  # a batch the workload itself refuses (batch norm needs 2 samples): not a fit
-                peaks[mid], ok = None, False
+                peak, ok = None, False
+            kept = hi if ok else lo
+            if moved == ok and over.get(kept) is not None:  # the same end moved twice: the other counts half
+                over[kept] = over[kept] / 2  # type: ignore[operator]
+            over[mid], moved = (None if peak is None else float(peak - budget)), ok
             if ok:
                 lo = mid
             else:
                 hi = mid
-            last.append(ok)
         if lo == 0:
             return 0, f"no batch up to {anchor} fits the budget"
         return lo, f"batch {hi} does not fit: {self.predict(model, hi).peak_bytes} > {budget} bytes"
