@@ -147,7 +147,12 @@ class PeakMemory:
         self._hwm_resettable = False
         self.baseline_bytes: Optional[int] = None
 
-    def reset(self) -> None:
+    def reset(self, trim: bool = False) -> None:
+        """trim (a CPU job held to a budget under `live`): first give back the heap earlier steps left (warm-up,
+        auto's probes of other plans), as each probe step does, so that the measured peak is the steps' own and
+        a plan that fitted its probe is measured as it was probed."""
+        if trim:
+            release_memory(self.device)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)

@@ -164,7 +164,7 @@ class Job:
             self.reference = [self._timed_step(i, warmup=True) for i in range(first, first + spec.steps)]
             first, self.unprofiled_mem = first + spec.steps, peak.read()
             self.profiler = Profiler(self.device, self.workload.modules(), first_step=first)
-        peak.reset()
+        peak.reset(trim=(self.planner.held.get("cpu_malloc") or {}).get("setting") == "live")
         self.progress.phase("measure" + (" (profiled)" if self.profiler else ""), spec.steps)
         with self.profiler if self.profiler is not None else contextlib.nullcontext():
             for i in range(first, first + spec.steps):

@@ -200,15 +200,15 @@ class Planner:
         if choice.method != "predictor" or self.budget_bytes is None:
             return choice
         assert self.device is not None
-        probe = plan_select.probe_step(workload, choice.plan, self.device, self.runtime_bytes, self.is_oom,
-                                       self.budget_bytes)
+        limit = plan_select.probe_limit(self.budget_bytes, self.device.type)
+        probe = plan_select.probe_step(workload, choice.plan, self.device, self.runtime_bytes, self.is_oom, limit)
         choice.probed_peak_bytes = probe["peak_bytes"]
-        if not probe["oom"] and probe["peak_bytes"] is not None and probe["peak_bytes"] <= self.budget_bytes:
+        if not probe["oom"] and probe["peak_bytes"] is not None and probe["peak_bytes"] <= limit:
             choice.chosen_because += f"; confirmed by a probe step: peak {probe['peak_bytes']} bytes"
             return choice
         measured = "ran out of memory" if probe["oom"] else f"peaked at {probe['peak_bytes']} bytes"
-        why = (f"the predicted plan {choice.plan.label} {measured} in its probe step, over the budget "
-               f"{self.budget_bytes} bytes")
+        why = (f"the predicted plan {choice.plan.label} {measured} in its probe step, over {limit} bytes (the "
+               f"budget {self.budget_bytes}{' less the CPU margin' if limit < self.budget_bytes else ''})")
         log.info("memory.plan=auto: %s; choosing by probes", why)
         self.settle_pending = True
         return self._choose(workload, probe=True, why=why)
@@ -279,8 +279,12 @@ class Planner:
             return plan_select.Choice(NONE, "probes-needed", reason or "", predictor_peak_trusted=(
                 guide.untrusted_because is None if guide else None),
                 untrusted_because=guide.untrusted_because if guide else None)
-        choice = plan_select.choose_by_probes(plans, self.budget_bytes, lambda p: plan_select.probe_step(
-            workload, p, self.device, self.runtime_bytes, self.is_oom, self.budget_bytes), guide)
+        limit = plan_select.probe_limit(self.budget_bytes, self.device.type)
+        choice = plan_select.choose_by_probes(plans, limit, lambda p: plan_select.probe_step(
+            workload, p, self.device, self.runtime_bytes, self.is_oom, limit), guide)
+        if limit < self.budget_bytes:
+            choice.chosen_because += (f" ({limit} bytes: the budget less {plan_select.CPU_PROBE_MARGIN:.0%}, as a "
+                                      "CPU's resident peak varies between runs)")
         if guide is not None:
             choice.predictor_peak_trusted = guide.untrusted_because is None
             choice.untrusted_because = guide.untrusted_because
