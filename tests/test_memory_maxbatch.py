@@ -176,5 +176,11 @@ def test_guided_probes_train_after_the_real_prediction(tmp_path):
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     predicted = re.search(r"predicted max batch: (\d+)", proc.stdout)
     assert predicted, proc.stdout
-    assert f"batch {predicted.group(1)}: fits under none" in proc.stdout, proc.stdout
+    # the predicted batch was probed and trained, no probe an error (it fits, or it went over the budget: a
+    # prediction can be off, and a CPU's resident peak varies between runs: 76 fitted here once, and 56 was the
+    # largest in another run)
+    assert re.search(rf"batch {predicted.group(1)}: (fits under none|does not fit \(budget\))", proc.stdout), \
+        proc.stdout
     assert "(error)" not in proc.stdout
+    result = json.loads((tmp_path / "maxbatch.json").read_text())["models"][0]
+    assert result["max_batch"] >= 1 and result["error"] is None, result
