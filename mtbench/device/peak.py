@@ -125,13 +125,20 @@ def hold_malloc_cached() -> Dict[str, Any]:
                  "faults for tensors made again, and a resident peak above what the job holds")
 
 
+def resolved_cpu_malloc(mode: str, budgeted: bool) -> Optional[str]:
+    """The setting memory.cpu_malloc=`mode` stands for: auto is live when held to a budget, else glibc's own (None)."""
+    if mode == "auto":
+        return "live" if budgeted else None
+    return mode
+
+
 def set_cpu_malloc(mode: str, budgeted: bool) -> Optional[Dict[str, Any]]:
     """memory.cpu_malloc for a CPU job: auto (live when held to a budget, else glibc's own), glibc, live, cached.
     Returns what was set (summary.json `cpu_malloc`), None for glibc's own settings under auto."""
-    if mode == "auto":
-        if not budgeted:
-            return None
-        mode = "live"
+    resolved = resolved_cpu_malloc(mode, budgeted)
+    if resolved is None:
+        return None
+    mode = resolved
     if mode == "live":
         return hold_malloc_to_live_memory()
     if mode == "cached":

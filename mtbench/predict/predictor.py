@@ -108,14 +108,14 @@ class Predictor:
 
     def __post_init__(self) -> None:
         from mtbench.device.budget import target_from_cfg
+        from mtbench.device.peak import resolved_cpu_malloc
 
         cfg = self.compose(None, 1, [o for o in self.overrides if o.startswith(("target.", "memory."))])
         self.target = target_from_cfg(cfg)
         memory = cfg.get("memory") or {}
-        # the malloc a CPU job under this config would run with (device/budget.py: auto is live under a budget)
-        setting = str(memory.get("cpu_malloc", "auto"))
+        # the malloc a CPU job under this config would run with
         budgeted = self.target.memory_budget_bytes is not None or memory.get("budget_gb") is not None
-        self.cpu_malloc_live = setting == "live" or (setting == "auto" and budgeted)
+        self.cpu_malloc_live = resolved_cpu_malloc(str(memory.get("cpu_malloc", "auto")), budgeted) == "live"
         if self.device not in ("cpu", "cuda", "auto"):
             raise UsageError(f"device={self.device!r} is not known; allowed: cpu, cuda, auto")
         if self.device == "auto":
