@@ -9,7 +9,7 @@ from typing import Any, Callable, Dict, Iterator, List, Tuple
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
-from mtbench.predict import opcost
+from mtbench.predict import opcost, rnn_workspace
 from mtbench.workload.breakdown import PARTS as BREAKDOWN_KEYS  # the measured breakdown's keys: ours too
 from mtbench.workload import torch_internals
 from mtbench.workload.base import SetupContext, Workload
@@ -80,6 +80,7 @@ class _StepCounter(torch.utils._python_dispatch.TorchDispatchMode):
         self.flops_fix = 0  # added to FlopCounterMode's total (see _grouped_backward_flops)
         self.classes = opcost.empty_classes()
         self.in_optimizer = False  # set by the optimizers' step hooks: the update is a class of its own
+        self.resident_memory = True  # the peak is resident memory (a CPU job), not a GPU allocator's bytes
         self._class_of: Dict[Any, str] = {}
         self.values = WeakIdKeyDictionary()  # fake tensor -> real CPU tensor with its values
 
@@ -171,6 +172,9 @@ class _StepCounter(torch.utils._python_dispatch.TorchDispatchMode):
             out = self._dynamic_shape(func, args, kwargs)
         if self.fake_mode is None:  # tracing real tensors: they have their values
             return self._count(func, args, kwargs, out, before)
+        if rnn_workspace.is_rnn_layer(func):  # the meta function's workspace is empty; the real one is not
+            size = rnn_workspace.workspace_bytes(args, kwargs, resident=self.resident_memory)
+            out = (*out[:3], torch.empty(size, dtype=torch.uint8, device=out[3].device))
         tensors_out = [t for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
         small = all(t.numel() <= SMALL_NUMEL for t in tensors_out)
         real = self._run_real(func, args, kwargs) if small else None
@@ -255,6 +259,7 @@ def trace_step(make_workload: Callable[[], Workload], ctx: SetupContext, fake: b
     if hasattr(flops, "mod_tracker"):  # torch >= 2.4: per-module attribution, which the trace does not use
         flops.mod_tracker = _GlobalOnly()
     counter = _StepCounter(flops, fake_mode)
+    counter.resident_memory = ctx.device.type == "cpu" and not cuda_optimizers
     foreach = torch_internals.foreach_optimizers() if cuda_optimizers else contextlib.nullcontext()
     with fake_mode or contextlib.nullcontext(), torch_internals.swappable(fake_mode, counter), foreach:
         with counter:

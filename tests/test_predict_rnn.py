@@ -1,0 +1,100 @@
+"""The trace's LSTM workspace: torch's fake tensors give oneDNN's RNN layer an empty one; the trace gives the real size."""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import sys
+
+import pytest
+import torch
+
+from mtbench.predict import rnn_workspace
+from mtbench.predict.trace import trace_step
+from mtbench.workload.base import SetupContext
+
+if rnn_workspace.LAYER_OP is None:
+    pytest.skip(f"torch {torch.__version__} has no aten::mkldnn_rnn_layer (its CPU LSTM keeps no such workspace)",
+                allow_module_level=True)
+LAYER = torch.ops.aten.mkldnn_rnn_layer.default
+BACKWARD = torch.ops.aten.mkldnn_rnn_layer_backward.default
+
+
+def _layer_args(batch: int, steps: int = 20, features: int = 64, hidden: int = 128):
+    return [torch.randn(steps, batch, features), torch.randn(4 * hidden, features), torch.randn(4 * hidden, hidden),
+            torch.randn(4 * hidden), torch.randn(4 * hidden), torch.randn(batch, hidden), torch.randn(batch, hidden),
+            False, [], 2, hidden, 1, True, False, False, True]
+
+
+def _fake_args(batch: int, **kw):
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    mode = FakeTensorMode()
+    return [mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in _layer_args(batch, **kw)]
+
+
+@pytest.mark.parametrize("batch", [3, 8, 32, 50, 100])
+def test_the_workspace_is_the_real_layers_own_size(batch):
+    """At small batches the layer is run at the batch itself; above 2 x RUN_AT its size is extrapolated from two
+    runs, within a page of the real workspace per section."""
+    real = LAYER(*_layer_args(batch))[3].untyped_storage().nbytes()
+    assert real > 0
+    predicted = rnn_workspace.workspace_bytes(tuple(_fake_args(batch)), {}, resident=False)
+    assert abs(predicted - real) <= 8 * rnn_workspace.PAGE, (predicted, real)
+    assert LAYER._schema.arguments[-1].name == "train"
+    assert rnn_workspace.workspace_bytes(tuple(_fake_args(batch)[:-1] + [False]), {}, resident=False) == 0
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="mincore(2) residency is read on Linux only")
+def test_the_resident_share_is_what_the_kernel_says_is_resident():
+    """The resident estimate against the kernel's own count (mincore) of the pages a real layer's forward and
+    backward left resident in a freshly mapped workspace."""
+    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+    page = rnn_workspace.PAGE
+    args = _layer_args(300, steps=30)  # about 70 MiB: mapped fresh by glibc
+    output, hy, cy, ws = LAYER(*args)
+    BACKWARD(*args[:7], output, hy, cy, torch.ones_like(output), torch.ones_like(hy), torch.ones_like(cy), False, 2,
+             128, 1, True, True, False, [], False, ws)
+    start = ws.data_ptr() - ws.data_ptr() % page
+    length = ws.data_ptr() + ws.numel() - start
+    vec = (ctypes.c_ubyte * (-(-length // page)))()
+    assert libc.mincore(ctypes.c_void_p(start), ctypes.c_size_t(length), vec) == 0
+    resident = sum(v & 1 for v in vec) * page
+    predicted = rnn_workspace.workspace_bytes(tuple(_fake_args(300, steps=30)), {}, resident=True)
+    assert ws.numel() * 0.4 < resident < ws.numel() * 0.9  # the layer leaves part of its mapping untouched
+    assert abs(predicted - resident) <= 0.02 * ws.numel(), (predicted, resident, ws.numel())
+
+
+class _Lstm:
+    """A workload of one two-layer LSTM (the trace's interface: setup, step, modules, host_bytes)."""
+
+    def __init__(self) -> None:
+        self.net = torch.nn.LSTM(32, 64, 2, batch_first=True)
+        self.opt = torch.optim.SGD(self.net.parameters(), lr=0.1, momentum=0.9)
+
+    def setup(self, ctx):
+        self.x = torch.randn(ctx.batch_size, 40, 32, device=ctx.device)
+
+    def step(self):
+        self.opt.zero_grad()
+        out, _ = self.net(self.x)
+        out.sum().backward()
+        self.opt.step()
+
+    def modules(self):
+        return [self.net]
+
+    def host_bytes(self, later_steps):
+        return 0
+
+
+def test_a_traced_lstm_holds_its_workspace_as_real_tensors_do(monkeypatch):
+    """On fake tensors the step's tensor peak equals the one traced on real tensors (whose workspace is real) when
+    every byte of the workspace counts; as resident memory it is less, and more than without any workspace."""
+    ctx = SetupContext(device=torch.device("cpu"), batch_size=24, data=None, seed=0, batches=1)
+    real = trace_step(_Lstm, ctx, fake=False)
+    resident = trace_step(_Lstm, ctx)
+    nominal = sum(LAYER(*_layer_args(24, steps=40, features=f, hidden=64))[3].numel() for f in (32, 64))
+    monkeypatch.setattr(rnn_workspace, "_touched_share", lambda named: 1.0)
+    every_byte = trace_step(_Lstm, ctx)
+    assert every_byte.peak_tensor_bytes == real.peak_tensor_bytes
+    assert real.peak_tensor_bytes - nominal < resident.peak_tensor_bytes < real.peak_tensor_bytes
