@@ -86,6 +86,7 @@ class BiDAFNet(nn.Module):
 
 class BiDAF(Workload):
     MICROBATCH = True  # its loss is a mean over the batch's examples (memory.plan=microbatch)
+    PADDED_PER_BATCH = True  # batches padded to their own longest example (the predictor traces the largest)
 
     def __init__(self, optimizer: Any, d: int = 100, words: int = 100000, chars: int = 300,
                  max_word_len: int = 16, max_context: int = 400, dropout: float = 0.2) -> None:

@@ -51,6 +51,7 @@ class AttentionSeq2Seq(nn.Module):
 
 
 class Seq2Seq(Workload):
+    PADDED_PER_BATCH = True  # batches padded to their own longest example (the predictor traces the largest)
     def __init__(self, optimizer: Any, src_vocab: int = 17191, tgt_vocab: int = 7709, hidden: int = 512,
                  layers: int = 2, dropout: float = 0.2) -> None:
         self.make_optimizer = optimizer

@@ -13,6 +13,7 @@ PAGE = 4096
 # A workspace this large is always mapped fresh by glibc (above its largest mmap threshold, 32 MiB, whatever
 # memory.cpu_malloc set): its pages the layer never writes read as zero and are never resident
 FRESH_BYTES = 40 << 20
+GLIBC_MMAP_MAX = 32 << 20  # glibc's largest dynamic mmap threshold (DEFAULT_MMAP_THRESHOLD_MAX on 64-bit)
 MAX_SHARE_BATCH = 1 << 16  # no larger batch, and no larger input, is run to reach FRESH_BYTES
 MAX_SHARE_INPUT_BYTES = 256 << 20
 _SIZES: Dict[Tuple[Any, ...], int] = {}
@@ -34,15 +35,18 @@ def is_rnn_layer(func: Any) -> bool:
     return LAYER_OP is not None and func is LAYER_OP
 
 
-def workspace_bytes(args: Tuple[Any, ...], kwargs: Dict[str, Any], resident: bool = True) -> int:
+def workspace_bytes(args: Tuple[Any, ...], kwargs: Dict[str, Any], fresh_from: Optional[int] = GLIBC_MMAP_MAX) -> int:
     """Bytes of the workspace `aten::mkldnn_rnn_layer(*args)` returns on real tensors: 0 when not training.
 
     torch's meta function returns an empty workspace, yet the real one holds every step's gates and states and is
     saved for the backward: on a character LSTM at batch 32 it is three quarters of the step's tensor storage. The
-    op is run on zeros of the same shapes (once per shape), outside every dispatch mode. With `resident` (a CPU's
-    resident memory), only the part the layer's forward and backward write counts: about 60 % of it (LSTM:
-    0.325 after the forward, 0.595 after the backward, from 8 x 20 x 128 to 64 x 200 x 256); the rest of the
-    mapping is never touched, so never resident. A GPU's caching allocator counts every byte (resident=False).
+    op is run on zeros of the same shapes (once per shape), outside every dispatch mode.
+
+    A workspace of at least `fresh_from` bytes (a CPU's malloc maps it fresh: glibc above its mmap threshold, 32 MiB
+    at most, 128 KiB under memory.cpu_malloc=live) counts only the part the layer's forward and backward write,
+    about 60 % of it (LSTM: 0.325 after the forward, 0.595 after the backward, from 8 x 20 x 128 to 64 x 200 x
+    256): the rest of the mapping is never touched, so never resident. A smaller one comes from the heap, whose
+    pages earlier tensors made resident, and counts whole, as every byte does on a GPU (fresh_from=None).
     """
     bound = LAYER_OP._schema.arguments
     named = {a.name: v for a, v in zip(bound, args)}
@@ -56,7 +60,7 @@ def workspace_bytes(args: Tuple[Any, ...], kwargs: Dict[str, Any], resident: boo
     else:
         low, high = _nominal(named, RUN_AT), _nominal(named, 2 * RUN_AT)
         size = int(high + (high - low) / RUN_AT * (batch - 2 * RUN_AT))
-    if resident and not packed:
+    if fresh_from is not None and size >= fresh_from and not packed:
         size = int(size * _touched_share(named))
     return -(-size // PAGE) * PAGE
 

@@ -80,7 +80,7 @@ class _StepCounter(torch.utils._python_dispatch.TorchDispatchMode):
         self.flops_fix = 0  # added to FlopCounterMode's total (see _grouped_backward_flops)
         self.classes = opcost.empty_classes()
         self.in_optimizer = False  # set by the optimizers' step hooks: the update is a class of its own
-        self.resident_memory = True  # the peak is resident memory (a CPU job), not a GPU allocator's bytes
+        self.fresh_mapping_bytes: Any = None  # a CPU's malloc maps allocations this large fresh (None: a GPU)
         self._class_of: Dict[Any, str] = {}
         self.values = WeakIdKeyDictionary()  # fake tensor -> real CPU tensor with its values
 
@@ -173,7 +173,7 @@ class _StepCounter(torch.utils._python_dispatch.TorchDispatchMode):
         if self.fake_mode is None:  # tracing real tensors: they have their values
             return self._count(func, args, kwargs, out, before)
         if rnn_workspace.is_rnn_layer(func):  # the meta function's workspace is empty; the real one is not
-            size = rnn_workspace.workspace_bytes(args, kwargs, resident=self.resident_memory)
+            size = rnn_workspace.workspace_bytes(args, kwargs, fresh_from=self.fresh_mapping_bytes)
             out = (*out[:3], torch.empty(size, dtype=torch.uint8, device=out[3].device))
         tensors_out = [t for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
         small = all(t.numel() <= SMALL_NUMEL for t in tensors_out)
@@ -241,7 +241,8 @@ _METADATA_OPS = {
 
 
 def trace_step(make_workload: Callable[[], Workload], ctx: SetupContext, fake: bool = True,
-               cuda_optimizers: bool = False, later_steps: int = 0) -> StepTrace:
+               cuda_optimizers: bool = False, later_steps: int = 0,
+               fresh_mapping_bytes: int = rnn_workspace.GLIBC_MMAP_MAX) -> StepTrace:
     """Build the workload (`make_workload()`), set it up and run two training steps on fake tensors; measure the second.
 
     Nothing is allocated: every tensor is a FakeTensor (shape, dtype, device only), also on a device this
@@ -250,6 +251,7 @@ def trace_step(make_workload: Callable[[], Workload], ctx: SetupContext, fake: b
     on real tensors (it allocates): for a workload whose kernels read values fake tensors do not have.
     With cuda_optimizers, optimizers take the multi-tensor (foreach) path they take on a CUDA GPU, whatever
     device is traced (its temporaries, e.g. a weight-decayed copy of every gradient, are part of the peak).
+    fresh_mapping_bytes: on a CPU, the size from which malloc maps an allocation fresh (rnn_workspace).
     """
     from torch.utils.flop_counter import FlopCounterMode
 
@@ -259,7 +261,8 @@ def trace_step(make_workload: Callable[[], Workload], ctx: SetupContext, fake: b
     if hasattr(flops, "mod_tracker"):  # torch >= 2.4: per-module attribution, which the trace does not use
         flops.mod_tracker = _GlobalOnly()
     counter = _StepCounter(flops, fake_mode)
-    counter.resident_memory = ctx.device.type == "cpu" and not cuda_optimizers
+    if ctx.device.type == "cpu" and not cuda_optimizers:
+        counter.fresh_mapping_bytes = fresh_mapping_bytes
     foreach = torch_internals.foreach_optimizers() if cuda_optimizers else contextlib.nullcontext()
     with fake_mode or contextlib.nullcontext(), torch_internals.swappable(fake_mode, counter), foreach:
         with counter:
