@@ -32,16 +32,25 @@ def _fake_args(batch: int, **kw):
     return [mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in _layer_args(batch, **kw)]
 
 
-@pytest.mark.parametrize("batch", [3, 8, 32, 50, 100])
+@pytest.mark.parametrize("batch", [3, 8, 16, 32, 100, 300])
 def test_the_workspace_is_the_real_layers_own_size(batch):
     """At small batches the layer is run at the batch itself; above 2 x RUN_AT its size is extrapolated from two
-    runs, within a page of the real workspace per section."""
+    runs, within a few pages of the real workspace."""
     real = LAYER(*_layer_args(batch))[3].untyped_storage().nbytes()
     assert real > 0
     predicted = rnn_workspace.workspace_bytes(tuple(_fake_args(batch)), {}, fresh_from=None)
-    assert abs(predicted - real) <= 8 * rnn_workspace.PAGE, (predicted, real)
-    assert LAYER._schema.arguments[-1].name == "train"
-    assert rnn_workspace.workspace_bytes(tuple(_fake_args(batch)[:-1] + [False]), {}) == 0
+    assert abs(predicted - real) <= max(8 * 4096, 0.005 * real), (predicted, real)
+
+
+def test_a_workspace_is_kept_whenever_autograd_records():
+    """The kernel keeps one whenever grad mode is on (its `train` flag aside), none under no_grad: as the trace."""
+    eval_mode = _layer_args(8)[:-1] + [False]
+    assert LAYER(*eval_mode)[3].numel() > 0
+    assert rnn_workspace.workspace_bytes(tuple(_fake_args(8)[:-1] + [False]), {}, fresh_from=None) == \
+        LAYER(*eval_mode)[3].numel()
+    with torch.no_grad():
+        assert LAYER(*_layer_args(8))[3] is None
+        assert rnn_workspace.workspace_bytes(tuple(_fake_args(8)), {}) == 0
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="mincore(2) residency is read on Linux only")

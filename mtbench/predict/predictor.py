@@ -115,7 +115,8 @@ class Predictor:
         memory = cfg.get("memory") or {}
         # the malloc a CPU job under this config would run with
         budgeted = self.target.memory_budget_bytes is not None or memory.get("budget_gb") is not None
-        self.cpu_malloc_live = resolved_cpu_malloc(str(memory.get("cpu_malloc", "auto")), budgeted) == "live"
+        self.cpu_malloc = resolved_cpu_malloc(str(memory.get("cpu_malloc", "auto")), budgeted)
+        self.cpu_malloc_live = self.cpu_malloc == "live"
         if self.device not in ("cpu", "cuda", "auto"):
             raise UsageError(f"device={self.device!r} is not known; allowed: cpu, cuda, auto")
         if self.device == "auto":
@@ -200,12 +201,15 @@ class Predictor:
         trace = trace_step(make, cpu_ctx, fake=False, cuda_optimizers=self.device == "cuda", later_steps=later)
         return held(trace), f"real tensors on cpu (allocates; on fake tensors: {why})"
 
-    def _fresh_mapping_bytes(self) -> int:
-        """From this size a CPU job's malloc maps an allocation fresh: glibc's fixed threshold under `live`, else the
-        largest its dynamic one reaches."""
+    def _fresh_mapping_bytes(self) -> Optional[int]:
+        """From this size a CPU job's malloc maps an allocation fresh: glibc's fixed threshold under `live`, the
+        largest its dynamic one reaches under its own settings; None under `cached` (a freed block in the heap, which
+        is never trimmed, serves the next request: every byte of it resident)."""
         from mtbench.device.peak import CACHED_MMAP_BYTES, MMAP_THRESHOLD_BYTES
 
-        return MMAP_THRESHOLD_BYTES if self.cpu_malloc_live else CACHED_MMAP_BYTES
+        if self.cpu_malloc == "live":
+            return MMAP_THRESHOLD_BYTES
+        return None if self.cpu_malloc == "cached" else CACHED_MMAP_BYTES
 
     def predict(self, model: str, batch: int) -> Prediction:
         trace, traced = self.trace(model, batch)

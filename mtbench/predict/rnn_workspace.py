@@ -1,21 +1,25 @@
 """The workspace oneDNN's RNN layer keeps for its backward (torch's fake tensors give it 0 bytes), by running it."""
 from __future__ import annotations
 
+import mmap
+from pathlib import Path
 from typing import Any, Dict, Optional, Tuple
 
 import torch
 
-# Runs at up to this many samples are exact; a larger batch is extrapolated from two runs (RUN_AT, 2 x RUN_AT): the
+# Runs at up to 2 x RUN_AT samples are exact; a larger batch is extrapolated from two runs (RUN_AT, 2 x RUN_AT): the
 # workspace is page-aligned sections that grow linearly with the batch (LSTM, hidden 128, 20 steps: 44 pages at 1,
-# 313 at 8, 625 at 16, 1250 at 32, 3907 at 100, 5000 at 128 pages of 4 KiB), so the error is a few pages
-RUN_AT = 16
-PAGE = 4096
-# A workspace this large is always mapped fresh by glibc (above its largest mmap threshold, 32 MiB, whatever
-# memory.cpu_malloc set): its pages the layer never writes read as zero and are never resident
+# 313 at 8, 625 at 16, 1250 at 32, 3907 at 100, 5000 at 128 pages of 4 KiB), so the error is a few pages (0.2 %)
+RUN_AT = 8
+PAGE = mmap.PAGESIZE
+# A workspace this large is always mapped fresh by glibc (above its largest mmap threshold, 32 MiB, under glibc's own
+# settings or live) in a process whose heap holds no free block as large: its pages the layer never writes read as
+# zero and are never resident
 FRESH_BYTES = 40 << 20
 GLIBC_MMAP_MAX = 32 << 20  # glibc's largest dynamic mmap threshold (DEFAULT_MMAP_THRESHOLD_MAX on 64-bit)
 MAX_SHARE_BATCH = 1 << 16  # no larger batch, and no larger input, is run to reach FRESH_BYTES
 MAX_SHARE_INPUT_BYTES = 256 << 20
+THP = Path("/sys/kernel/mm/transparent_hugepage")
 _SIZES: Dict[Tuple[Any, ...], int] = {}
 _TOUCHED: Dict[Tuple[Any, ...], float] = {}
 
@@ -36,7 +40,8 @@ def is_rnn_layer(func: Any) -> bool:
 
 
 def workspace_bytes(args: Tuple[Any, ...], kwargs: Dict[str, Any], fresh_from: Optional[int] = GLIBC_MMAP_MAX) -> int:
-    """Bytes of the workspace `aten::mkldnn_rnn_layer(*args)` returns on real tensors: 0 when not training.
+    """Bytes of the workspace `aten::mkldnn_rnn_layer(*args)` returns on real tensors: none where gradients are off
+    (the kernel keeps one whenever autograd records, whatever its `train` flag says).
 
     torch's meta function returns an empty workspace, yet the real one holds every step's gates and states and is
     saved for the backward: on a character LSTM at batch 32 it is three quarters of the step's tensor storage. The
@@ -51,7 +56,7 @@ def workspace_bytes(args: Tuple[Any, ...], kwargs: Dict[str, Any], fresh_from: O
     bound = LAYER_OP._schema.arguments
     named = {a.name: v for a, v in zip(bound, args)}
     named.update(kwargs)
-    if not named.get("train", False):
+    if not torch.is_grad_enabled():  # the caller's grad mode: the dispatcher below autograd leaves it as it was
         return 0
     packed = bool(named.get("batch_sizes")) or named["input"].dim() != 3
     batch = int(named["hx_"].shape[0])
@@ -62,7 +67,7 @@ def workspace_bytes(args: Tuple[Any, ...], kwargs: Dict[str, Any], fresh_from: O
         size = int(high + (high - low) / RUN_AT * (batch - 2 * RUN_AT))
     if fresh_from is not None and size >= fresh_from and not packed:
         size = int(size * _touched_share(named))
-    return -(-size // PAGE) * PAGE
+    return -(-size // 4096) * 4096
 
 
 def _real_args(named: Dict[str, Any], batch: Optional[int], fill: float) -> Dict[str, Any]:
@@ -127,7 +132,19 @@ def _touched_share(named: Dict[str, Any]) -> float:
                 real["cx_"], output, hy, cy, *grads, real["reverse"], real["mode"], real["hidden_size"],
                 real["num_layers"], real["has_biases"], real["train"], real["bidirectional"], real["batch_sizes"],
                 real["batch_first"], ws)
-            pages = ws.numel() // PAGE
-            written = int(ws[:pages * PAGE].view(pages, PAGE).ne(0).any(dim=1).sum()) if pages else 0
+            grain = _resident_grain()
+            pages = ws.numel() // grain
+            written = int(ws[:pages * grain].view(pages, grain).ne(0).any(dim=1).sum()) if pages else 0
             _TOUCHED[key] = written / pages if pages else 1.0
     return _TOUCHED[key]
+
+
+def _resident_grain() -> int:
+    """The unit in which a written mapping becomes resident: a page, or a huge page where transparent huge pages
+    are always on (a touched 2 MiB region is then resident whole)."""
+    try:
+        if "[always]" in (THP / "enabled").read_text():
+            return int((THP / "hpage_pmd_size").read_text())
+    except (OSError, ValueError):
+        pass
+    return PAGE

@@ -4,7 +4,7 @@ from __future__ import annotations
 import contextlib
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterator, List, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
@@ -242,7 +242,7 @@ _METADATA_OPS = {
 
 def trace_step(make_workload: Callable[[], Workload], ctx: SetupContext, fake: bool = True,
                cuda_optimizers: bool = False, later_steps: int = 0,
-               fresh_mapping_bytes: int = rnn_workspace.GLIBC_MMAP_MAX) -> StepTrace:
+               fresh_mapping_bytes: Optional[int] = rnn_workspace.GLIBC_MMAP_MAX) -> StepTrace:
     """Build the workload (`make_workload()`), set it up and run two training steps on fake tensors; measure the second.
 
     Nothing is allocated: every tensor is a FakeTensor (shape, dtype, device only), also on a device this
@@ -251,7 +251,7 @@ def trace_step(make_workload: Callable[[], Workload], ctx: SetupContext, fake: b
     on real tensors (it allocates): for a workload whose kernels read values fake tensors do not have.
     With cuda_optimizers, optimizers take the multi-tensor (foreach) path they take on a CUDA GPU, whatever
     device is traced (its temporaries, e.g. a weight-decayed copy of every gradient, are part of the peak).
-    fresh_mapping_bytes: on a CPU, the size from which malloc maps an allocation fresh (rnn_workspace).
+    fresh_mapping_bytes: on a CPU, the size from which malloc maps an allocation fresh (rnn_workspace; None: never).
     """
     from torch.utils.flop_counter import FlopCounterMode
 

@@ -1,0 +1,53 @@
+"""A workload whose batches are padded per batch is traced on the largest batch the job's measured steps use."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from mtbench.predict.predictor import Predictor, _trace_the_largest
+
+
+@dataclass
+class _Ctx:
+    batches: int
+
+
+class _Padded:
+    """Batch i holds lengths[i] elements: what setup prepares for ctx.batches batches."""
+
+    PADDED_PER_BATCH = True
+
+    def __init__(self, lengths):
+        self.lengths = lengths
+
+    def setup(self, ctx):
+        self.batches = [(torch.zeros(n),) for n in self.lengths[: ctx.batches]]
+
+
+@pytest.mark.parametrize("lengths, measured, second", [
+    ([50, 10, 30, 20], range(1, 4), 30),  # the warm-up's batch 0 is the largest, but no measured step takes it
+    ([50, 10, 30, 20], range(0, 4), 50),  # warmup=0: batch 0 is measured
+    ([5, 10, 30, 20], range(1, 9), 30),  # 8 steps over 4 batches: each measured twice
+    ([5, 40, 30, 20], range(1, 2), 40),  # one measured step: batch 1 as it is
+])
+def test_the_largest_measured_batch_goes_second(lengths, measured, second):
+    w = _Padded(lengths)
+    _trace_the_largest(w, len(lengths), measured)
+    w.setup(_Ctx(batches=1))  # the trace's own context asks for one: the job's count is prepared
+    assert len(w.batches) == len(lengths)
+    assert w.batches[1][0].numel() == second
+    assert sorted(b[0].numel() for b in w.batches) == sorted(lengths)  # reordered, none lost
+
+
+def test_a_padded_workload_is_traced_with_the_jobs_batches_held():
+    """seq2seq at a tiny size: the trace holds the job's 4 batches (warm-up 1 + 3 steps), each its own size, not 4
+    copies of the first; its measured step takes the largest of batches 1-3."""
+    overrides = ("warmup=1", "steps=3", "model.workload.hidden=16")
+    p = Predictor(target_name="none", device="cpu", overrides=overrides)
+    trace, traced = p.trace("seq2seq", 6)
+    one = Predictor(target_name="none", device="cpu", overrides=("warmup=0", "steps=1", *overrides[2:]))
+    single, _ = one.trace("seq2seq", 6)
+    assert trace.inputs_bytes != 4 * single.inputs_bytes
+    assert trace.peak_tensor_bytes >= single.peak_tensor_bytes
