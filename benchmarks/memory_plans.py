@@ -12,7 +12,7 @@ the budget, to show what the budget's allocator setting costs.
 
     python benchmarks/memory_plans.py [models=resnet50,vgg16,mobilenetv2,inceptionv1,squeezenet] [select=auto]
                                       [image_size=16] [out=DIR] [retime=MODEL,...] [malloc=cached] [torch_budget=1]
-                                      [extra=OVERRIDE;OVERRIDE] [timed=defaults]
+                                      [extra=OVERRIDE;OVERRIDE] [timed=defaults] [torch_only=0]
 
 The defaults are mtbench's (select=auto, memory.cpu_malloc=auto in the searches). torch_budget=1 (default): a row of
 torch's own automatic activation checkpointing under a memory budget beside mtbench's plans: the same model and
@@ -35,7 +35,8 @@ frees, and recomputation paid for it most (MobileNetV2 batch 56: 0.96 s a step a
 
 image_size: the CNNs' input size (VGG keeps 32: its five pools need it); at 32 (CIFAR's) a run of the 5 models took 13-16
 minutes on a 2-vCPU VM with select=probes (82-90 jobs). retime=resnet50,...: the throughput jobs again, for these
-models, on the searches of the earlier run in out=DIR (a timing that another process disturbed).
+models, on the searches of the earlier run in out=DIR (a timing that another process disturbed). torch_only=1: torch's
+rows alone, for models=, on the budgets and calibration probes of the earlier run in out=DIR (into torch_rows.json).
 Goals: recompute >= 2x the plain largest batch on at least 4 of 5 models with throughput >= 0.7x; auto >= 4.33x on
 at least 4 of 5 with throughput >= 0.7x (issue 26); no auto or recompute job over its budget. auto is probed first
 at ceil(4.33 x plain) (the goal); only when that does not fit is its largest batch searched below it, so "auto >= Nx" means the goal batch fitted (its true largest batch
@@ -413,12 +414,51 @@ def print_table(rows: List[Dict[str, Any]]) -> None:
           "over the same without it")
 
 
+def torch_rows(out: Path, models: List[str]) -> None:
+    """torch_only=1: torch's activation-budget search alone for `models`, on the budgets, plain largest batches and
+    calibration probes (batch 8 and 16) of an earlier run in `out` (its memory_plans.json); into torch_rows.json."""
+    from mtbench.results.reader import read_summary
+
+    rows = {r["model"]: r for r in json.loads((out / "memory_plans.json").read_text())}
+    done: Dict[str, Any] = {}
+    for model in models:
+        if model not in rows or not rows[model].get("none", {}).get("max_batch"):
+            print(f"{model}: not in {out / 'memory_plans.json'} with a plain largest batch: skipped", flush=True)
+            continue
+        r = rows[model]
+        base = [f"model={model}", "device=cpu", f"data.image_size={r['image_size']}", *EXTRA]
+        p8, p16 = (compared_bytes(read_summary(out / model / "calibrate" / f"b{b}") or {}) for b in (8, 16))
+        if p8 is None or p16 is None:
+            print(f"{model}: no calibration probes in {out / model / 'calibrate'}: skipped", flush=True)
+            continue
+        n0 = r["none"]["max_batch"]
+        print(f"{model}: budget {_mib(r['budget_bytes'])} MiB; load average {os.getloadavg()}", flush=True)
+        row = torch_budget_search(base, r["budget_bytes"], p8, p16, n0, math.ceil(GOALS["auto"] * n0),
+                                  out / model / "torch")
+        done[model] = {**row, "none_max_batch": n0, "none_throughput": r["none"].get("throughput"),
+                       "budget_bytes": r["budget_bytes"]}
+        (out / "torch_rows.json").write_text(json.dumps(done, indent=2) + "\n")
+    print("\n| model | budget MiB | none: max batch | torch budget: max batch | x none | activation_memory_budget "
+          "| throughput x none |\n|---|---|---|---|---|---|---|")
+    for model, row in done.items():
+        best = row.get("max_batch")
+        if not best:
+            print(f"| {model} | {_mib(row['budget_bytes'])} | {row['none_max_batch']} | {row.get('error')} | n/a | n/a "
+                  "| n/a |")
+            continue
+        speed = ratio(row.get("throughput"), row.get("none_throughput"))
+        print(f"| {model} | {_mib(row['budget_bytes'])} | {row['none_max_batch']} | "
+              f"{'>= ' if row.get('limit_reached') else ''}{best} | {best / row['none_max_batch']:.2f}x | "
+              f"{row['activation_memory_budget']:.2f} | {'n/a' if speed is None else format(speed, '.2f')} |")
+    print(f"load average after: {os.getloadavg()}; results in {out / 'torch_rows.json'}")
+
+
 def main(argv: List[str]) -> None:
     if argv[:1] == [CHILD]:
         _child(json.loads(argv[1]))
         return
     opts = {"models": ",".join(MODELS), "select": "auto", "image_size": "16", "out": "", "retime": "",
-            "malloc": "cached", "torch_budget": "1", "extra": "", "timed": "defaults"}
+            "malloc": "cached", "torch_budget": "1", "extra": "", "timed": "defaults", "torch_only": "0"}
     for a in argv:
         key, _, value = a.partition("=")
         if key not in opts:
@@ -433,6 +473,9 @@ def main(argv: List[str]) -> None:
     prober = Prober(out)
     began = time.monotonic()
     print(f"load average before: {os.getloadavg()}; probes in {out}", flush=True)
+    if opts["torch_only"] not in ("0", "false", "no"):  # torch's rows alone, on an earlier run's budgets in out=
+        torch_rows(out, [m for m in opts["models"].split(",") if m])
+        return
     if opts["retime"]:  # the throughput jobs again for these models, on the searches of an earlier run in out=
         rows = json.loads((out / "memory_plans.json").read_text())
         for row in rows:
