@@ -8,9 +8,12 @@ import sys
 import pytest
 import torch
 
-from mtbench.predict import rnn_workspace
-from mtbench.predict.trace import trace_step
-from mtbench.workload.base import SetupContext
+# the predictor needs torch >= 2.5 (MemTracker; mtbench.predict.MIN_TORCH): on an older torch the module skips
+pytest.importorskip("torch.distributed._tools.mem_tracker", reason="the predictor needs torch >= 2.5 (MemTracker)")
+
+from mtbench.predict import rnn_workspace  # noqa: E402
+from mtbench.predict.trace import trace_step  # noqa: E402
+from mtbench.workload.base import SetupContext  # noqa: E402
 
 if rnn_workspace.LAYER_OP is None:
     pytest.skip(f"torch {torch.__version__} has no aten::mkldnn_rnn_layer (its CPU LSTM keeps no such workspace)",
