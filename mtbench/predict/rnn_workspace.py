@@ -39,7 +39,8 @@ def is_rnn_layer(func: Any) -> bool:
     return LAYER_OP is not None and func is LAYER_OP
 
 
-def workspace_bytes(args: Tuple[Any, ...], kwargs: Dict[str, Any], fresh_from: Optional[int] = GLIBC_MMAP_MAX) -> int:
+def workspace_bytes(args: Tuple[Any, ...], kwargs: Dict[str, Any],
+                    fresh_from: Optional[int] = GLIBC_MMAP_MAX) -> int:
     """Bytes of the workspace `aten::mkldnn_rnn_layer(*args)` returns on real tensors: none where gradients are off
     (the kernel keeps one whenever autograd records, whatever its `train` flag says).
 
@@ -63,38 +64,38 @@ def workspace_bytes(args: Tuple[Any, ...], kwargs: Dict[str, Any], fresh_from: O
     if packed or batch <= 2 * RUN_AT:  # a packed sequence: its own shapes only
         size = _nominal(named, None)
     else:
-        low, high = _nominal(named, RUN_AT), _nominal(named, 2 * RUN_AT)
-        size = int(high + (high - low) / RUN_AT * (batch - 2 * RUN_AT))
+        high, per_sample = _line(named)
+        size = int(high + per_sample * (batch - 2 * RUN_AT))
     if fresh_from is not None and size >= fresh_from and not packed:
         size = int(size * _touched_share(named))
     return -(-size // 4096) * 4096
 
 
+def _line(named: Dict[str, Any]) -> Tuple[int, float]:
+    """The workspace's bytes at 2 x RUN_AT samples and its growth per sample (from the runs at RUN_AT and 2 x RUN_AT)."""
+    low, high = _nominal(named, RUN_AT), _nominal(named, 2 * RUN_AT)
+    return high, (high - low) / RUN_AT
+
+
+def _dims(name: str, t: torch.Tensor, batch: Optional[int]) -> Tuple[int, ...]:
+    """The shape of argument `name` with the batch set to `batch` (None: as it is). The layer's input is (steps,
+    batch, features) whatever `batch_first` says (the LSTM transposes it before); hx_ and cx_ are (batch, hidden)."""
+    dims = list(t.shape)
+    dim = {"input": 1, "hx_": 0, "cx_": 0}.get(name)
+    if batch is not None and dim is not None and len(dims) > dim:
+        dims[dim] = batch
+    return tuple(dims)
+
+
 def _real_args(named: Dict[str, Any], batch: Optional[int], fill: float) -> Dict[str, Any]:
-    """Real tensors of the arguments' shapes, filled with `fill`, with the batch set to `batch` (None: as they are).
-    The layer's input is (steps, batch, features) whatever `batch_first` says (the LSTM transposes it before)."""
-    real = {}
-    for name, v in named.items():
-        if isinstance(v, torch.Tensor):
-            dims = list(v.shape)
-            dim = {"input": 1, "hx_": 0, "cx_": 0}.get(name)
-            if batch is not None and dim is not None and len(dims) > dim:
-                dims[dim] = batch
-            v = torch.full(dims, fill, dtype=v.dtype, device="cpu")
-        real[name] = v
-    return real
+    """Real tensors of the arguments' shapes (`_dims`), filled with `fill`; the other arguments as they are."""
+    return {name: torch.full(_dims(name, v, batch), fill, dtype=v.dtype, device="cpu")
+            if isinstance(v, torch.Tensor) else v for name, v in named.items()}
 
 
 def _key(named: Dict[str, Any], batch: Optional[int]) -> Tuple[Any, ...]:
-    key = []
-    for name, v in named.items():
-        if isinstance(v, torch.Tensor):
-            dims = list(v.shape)
-            if batch is not None and name in ("input", "hx_", "cx_"):
-                dims[1 if name == "input" else 0] = batch
-            v = (tuple(dims), v.dtype)
-        key.append((name, tuple(v) if isinstance(v, list) else v))
-    return tuple(key)
+    return tuple((name, (_dims(name, v, batch), v.dtype) if isinstance(v, torch.Tensor) else
+                  (tuple(v) if isinstance(v, list) else v)) for name, v in named.items())
 
 
 def _nominal(named: Dict[str, Any], batch: Optional[int]) -> int:
@@ -116,8 +117,7 @@ def _touched_share(named: Dict[str, Any]) -> float:
 
     key = _key(named, 1)
     if key not in _TOUCHED:
-        low, high = _nominal(named, RUN_AT), _nominal(named, 2 * RUN_AT)
-        per_sample = (high - low) / RUN_AT
+        high, per_sample = _line(named)
         batch = 2 * RUN_AT + int(max(0, FRESH_BYTES - high) / per_sample) + 1 if per_sample > 0 else 0
         inputs = named["input"].numel() * named["input"].element_size() // max(1, int(named["hx_"].shape[0])) * batch
         if not 0 < batch <= MAX_SHARE_BATCH or inputs > MAX_SHARE_INPUT_BYTES:  # a tiny workspace: counted whole

@@ -80,7 +80,7 @@ class _StepCounter(torch.utils._python_dispatch.TorchDispatchMode):
         self.flops_fix = 0  # added to FlopCounterMode's total (see _grouped_backward_flops)
         self.classes = opcost.empty_classes()
         self.in_optimizer = False  # set by the optimizers' step hooks: the update is a class of its own
-        self.fresh_mapping_bytes: Any = None  # a CPU's malloc maps allocations this large fresh (None: a GPU)
+        self.fresh_mapping_bytes: Optional[int] = None  # a CPU's malloc maps allocations this large fresh (None: GPU)
         self._class_of: Dict[Any, str] = {}
         self.values = WeakIdKeyDictionary()  # fake tensor -> real CPU tensor with its values
 
