@@ -190,3 +190,17 @@ def test_auto_takes_cached_malloc_where_the_budget_has_room_for_its_heap(run, mo
     assert malloc["probed_peak_bytes"] == cached_peak
     assert ("leaves room" if setting == "cached" else "leaves no room") in malloc["chosen_because"]
     assert calls == ["live", "cached"] + (["live"] if setting == "live" else [])
+
+
+def test_no_cached_probe_where_the_live_peak_already_leaves_no_room(monkeypatch):
+    """cached keeps at least what live holds: a plan whose live peak is over the budget less 5 % stays live
+    without a probe under cached (whose freed blocks would stay in the process)."""
+    from mtbench.planning import malloc
+
+    calls = []
+    _no_mallopt(monkeypatch, calls)
+    monkeypatch.setattr(plan_select, "probe_step", lambda *a, **k: pytest.fail("probed under cached"))
+    held = malloc.choose_cpu_malloc(None, NONE, torch.device("cpu"), None, lambda e: False, 1000,
+                                    live_peak_bytes=960)
+    assert calls == ["live"] and held["setting"] == "live", held
+    assert "960 bytes under live, over 950 bytes" in held["chosen_because"] and "not probed" in held["chosen_because"]

@@ -223,7 +223,7 @@ class Planner:
                 or held.get("setting") != "live" or probed is None or probed > min(budgets)):
             return
         self.held["cpu_malloc"] = choose_cpu_malloc(workload, plan, self.device, self.runtime_bytes, self.is_oom,
-                                                    min(budgets))
+                                                    min(budgets), live_peak_bytes=probed)
 
     def over_budget_bytes(self, mem: Dict[str, Any]) -> Optional[int]:
         """How far the measured peak went over the budget (as the budget compares it: CUDA reserved, CPU resident
