@@ -1,6 +1,7 @@
 """memory.cpu_malloc=auto's `cached` probe leaves the main heap as `live` left it (glibc's arenas, real malloc)."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -34,8 +35,9 @@ SCRIPT = textwrap.dedent("""
             libc.free(b)
         return {"kept": blocks[1::2]}
 
-    peak.set_cpu_malloc("cached", budgeted=True)
-    kept = (in_own_arena(cached_probe) if sys.argv[1] == "own" else cached_probe())["kept"]
+    if peak.set_cpu_malloc("cached", budgeted=True)["mmap_threshold_bytes"] is None:
+        sys.exit(3)  # not glibc's malloc: nothing to provoke
+    kept = (in_own_arena(cached_probe)[0] if sys.argv[1] == "own" else cached_probe())["kept"]
     peak.set_cpu_malloc("live", budgeted=True)
     peak.release_memory(torch.device("cpu"))
     before = anon()
@@ -46,10 +48,24 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-def _resident_after_free(where: str) -> float:
-    out = subprocess.run([sys.executable, "-c", SCRIPT, where], capture_output=True, text=True, timeout=120)
+def _clean_env(**extra: str) -> dict:
+    """The caller's environment without what changes glibc's arenas or replaces its malloc."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("MALLOC_") and k not in ("GLIBC_TUNABLES", "LD_PRELOAD")}
+    return {**env, **extra}
+
+
+def _run(script: str, *args: str, **env: str) -> str:
+    out = subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True, timeout=120,
+                         env=_clean_env(**env))
+    if out.returncode == 3:
+        pytest.skip("this process's malloc is not glibc's: mallopt sets nothing")
     assert out.returncode == 0, out.stderr
-    return float(out.stdout.split()[-1])
+    return out.stdout.strip()
+
+
+def _resident_after_free(where: str) -> float:
+    return float(_run(SCRIPT, where).split()[-1])
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc and /proc: Linux only")
@@ -60,12 +76,62 @@ def test_a_cached_probe_in_its_own_arena_leaves_live_tensors_mapped_fresh():
     assert _resident_after_free("own") <= 0.5
 
 
+ARENA = textwrap.dedent("""
+    import sys, threading
+    from mtbench.planning.malloc import in_own_arena, on_main_heap
+    hold = threading.Event()
+    for _ in range(int(sys.argv[1])):  # threads that hold an arena each
+        threading.Thread(target=lambda: (on_main_heap(), hold.wait()), daemon=True).start()
+    print(on_main_heap(), in_own_arena(dict)[1])
+""")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc: Linux only")
+def test_the_probe_knows_when_glibc_gave_its_thread_the_main_heap():
+    # the main thread is on the main heap; a new thread gets an arena of its own until the arena limit is reached,
+    # then glibc hands it an existing one, the main heap first
+    assert _run(ARENA, "0") == "True False"
+    assert _run(ARENA, "0", MALLOC_ARENA_MAX="1") == "True True"
+    assert _run(ARENA, "1", MALLOC_ARENA_MAX="2") == "True True"
+    assert _run(ARENA, "0", MALLOC_ARENA_MAX="2") == "True False"
+
+
 def test_in_own_arena_returns_and_raises_as_the_call_would_and_keeps_the_thread_count():
     threads = torch.get_num_threads()
-    assert malloc.in_own_arena(lambda: {"threads": torch.get_num_threads()}) == {"threads": threads}
+    result, _ = malloc.in_own_arena(lambda: {"threads": torch.get_num_threads()})
+    assert result == {"threads": threads}
 
     def fails() -> dict:
         raise MemoryError("out of memory")
 
     with pytest.raises(MemoryError, match="out of memory"):
         malloc.in_own_arena(fails)
+
+
+INTERRUPT = textwrap.dedent("""
+    import os, signal, threading, time
+    import torch
+    from mtbench.planning.malloc import in_own_arena
+    w = torch.nn.Parameter(torch.rand(1 << 18))
+    steps = []
+
+    def probe():
+        for _ in range(20):
+            (torch.tanh(w * 2) * w).sum().backward()
+            time.sleep(0.02)
+            steps.append(1)
+        return {}
+
+    threading.Timer(0.1, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+    try:
+        in_own_arena(probe)
+    except KeyboardInterrupt:
+        alive = any(t.name == "mtbench-cached-probe" for t in threading.enumerate())
+        print(len(steps), alive)
+""")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="signals as on Linux")
+def test_an_interrupt_during_the_probe_is_raised_once_its_thread_is_done():
+    # raised at once, the thread would still be in torch's kernels when the interpreter exits: the process aborts
+    assert _run(INTERRUPT) == "20 False"

@@ -1,6 +1,8 @@
 """memory.plan=auto with its defaults: the predictor's peak where it holds, the order of expected cost, cpu_malloc."""
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 
@@ -176,9 +178,12 @@ def test_auto_takes_cached_malloc_where_the_budget_has_room_for_its_heap(run, mo
     calls = []
     _no_mallopt(monkeypatch, calls)
 
+    threads = []
+
     def probe(workload, plan, device, runtime_bytes, is_oom, budget_bytes=None):
         workload.set_memory_plan(plan)
         workload.step()
+        threads.append(threading.current_thread() is threading.main_thread())
         peak = cached_peak if calls[-1] == "cached" else 800
         return {"peak_bytes": peak, "step_time_s": 0.01, "oom": False, "steps": 2}
 
@@ -190,6 +195,10 @@ def test_auto_takes_cached_malloc_where_the_budget_has_room_for_its_heap(run, mo
     assert malloc["probed_peak_bytes"] == cached_peak
     assert ("leaves room" if setting == "cached" else "leaves no room") in malloc["chosen_because"]
     assert calls == ["live", "cached"] + (["live"] if setting == "live" else [])
+    # under cached: first in a thread of its own (its own glibc arena); where that fits, again in the main thread,
+    # whose heap the job's steps use, and that peak decides
+    assert threads[-2:] == ([False, True] if setting == "cached" else [True, False]), threads
+    assert malloc["own_arena_probed_peak_bytes"] == cached_peak
 
 
 def test_no_cached_probe_where_the_live_peak_already_leaves_no_room(monkeypatch):
