@@ -65,16 +65,26 @@ LIVE_TRIM_BYTES = 128 * 1024  # glibc's own M_TRIM_THRESHOLD, set again by live 
 CACHED_TRIM_BYTES = 2**31 - 1  # mallopt takes a C int: the largest, so the heap's top is not given back
 
 
+def glibc_malloc() -> Optional[ctypes.CDLL]:
+    """glibc, where its malloc is this process's; None where another allocator was put in front of it (LD_PRELOAD
+    of jemalloc or tcmalloc, common in CPU images: glibc's mallopt would answer 1 and change nothing) or no glibc."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        in_use = ctypes.cast(ctypes.CDLL(None).malloc, ctypes.c_void_p).value
+        return libc if in_use == ctypes.cast(libc.malloc, ctypes.c_void_p).value else None
+    except (OSError, AttributeError):
+        return None
+
+
 def _mallopt(settings: Dict[int, int]) -> Optional[str]:
     """Set glibc's malloc parameters in this process; None when set, else why not."""
     if not sys.platform.startswith("linux"):
         return f"not set: {sys.platform} has no glibc"
     try:
-        libc = ctypes.CDLL("libc.so.6")
-        # another allocator put in front of glibc's (LD_PRELOAD of jemalloc or tcmalloc, common in CPU images):
-        # glibc's mallopt would answer 1 and change nothing that this process's malloc does
-        in_use = ctypes.cast(ctypes.CDLL(None).malloc, ctypes.c_void_p).value
-        if in_use != ctypes.cast(libc.malloc, ctypes.c_void_p).value:
+        libc = glibc_malloc()
+        if libc is None:
             return "not set: this process's malloc is not glibc's (LD_PRELOAD?)"
         for param, value in settings.items():
             if not -2**31 <= value < 2**31:  # mallopt(int, int): ctypes would pass a larger value cut to its low bits

@@ -21,19 +21,18 @@ def on_main_heap() -> Optional[bool]:
     """Whether glibc serves this thread from its main heap (the main thread; any thread once the arena limit,
     M_ARENA_MAX or 8 per core, is reached): the size word before a fresh block holds the chunk's NON_MAIN_ARENA bit.
     None where that cannot be read (not glibc's malloc)."""
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
-        libc.free.argtypes = [ctypes.c_void_p]
-        block = libc.malloc(4096)  # above the per-thread cache's largest (1032 bytes): a chunk of the thread's arena
-    except (OSError, AttributeError):
+    libc = peak.glibc_malloc()
+    if libc is None:
         return None
+    malloc, free = libc.malloc, libc.free
+    malloc.restype, malloc.argtypes, free.argtypes = ctypes.c_void_p, [ctypes.c_size_t], [ctypes.c_void_p]
+    block = malloc(4096)  # above the per-thread cache's largest (1032 bytes): a chunk of the thread's arena
     if not block:
         return None
     try:
         return not ctypes.c_size_t.from_address(block - ctypes.sizeof(ctypes.c_size_t)).value & NON_MAIN_ARENA
     finally:
-        libc.free(block)
+        free(block)
 
 
 def in_own_arena(fn: Callable[[], Dict[str, Any]]) -> Tuple[Dict[str, Any], Optional[bool]]:
