@@ -65,18 +65,25 @@ class Broken(_Base):
 
 
 class BusyLoop(_Base):
-    """One thread spinning in Python for `seconds` per step: 100 % of one core."""
+    """One thread spinning in Python for `seconds` per step: 100 % of one core where the machine gives it one.
+    With `truth_file`, each step appends the CPU seconds this process got during it (from its own nanosecond clock)
+    and its wall seconds: on a loaded VM a spinning thread is not on a core all the time it spins."""
 
-    def __init__(self, seconds: float = 0.3, ready_file: str = "") -> None:
+    def __init__(self, seconds: float = 0.3, ready_file: str = "", truth_file: str = "") -> None:
         self.seconds = seconds
         self.ready_file = ready_file  # touched at the first step, for tests that act on a running job
+        self.truth_file = truth_file
 
     def step(self) -> None:
         if self.ready_file:
             open(self.ready_file, "a").close()
+        cpu0, wall0 = time.process_time(), time.monotonic()
         end = time.perf_counter() + self.seconds
         while time.perf_counter() < end:
             pass
+        if self.truth_file:
+            with open(self.truth_file, "a") as f:
+                f.write(f"{time.process_time() - cpu0} {time.monotonic() - wall0}\n")
 
 
 class Interrupted(_Base):

@@ -148,16 +148,24 @@ def test_peak_memory_is_reset_between_jobs(run):
     assert small["mem_peak_bytes"] < big["mem_peak_bytes"] - 1_000_000_000
 
 
-def test_busy_loop_reads_one_full_core(run):
-    s = run(FAKE + ["model.workload._target_=tests.fake_workloads.BusyLoop", "steps=3"])
-    # one thread spinning is 100 % of one core; the sampler thread adds its own share (it competes with
-    # the spinning thread for the GIL, so that share is not simply additive: the exact truth test of the
-    # aggregation is in test_sampling.py, on a separate process)
-    sampler_pct = s["sampler"]["cpu_pct_of_one_core"]
-    assert 95 <= s["process_cpu_pct"] <= 105 + sampler_pct, (s["process_cpu_pct"], sampler_pct)
+def test_busy_loop_reads_one_full_core(run, tmp_path):
+    truth_file = tmp_path / "truth.txt"
+    s = run(FAKE + ["model.workload._target_=tests.fake_workloads.BusyLoop", "steps=3", "+model.workload.seconds=0.5",
+                    f"+model.workload.truth_file={truth_file}"])
+    assert s["success"], s["failure"]
+    # the truth: the CPU time the training process got during the measured steps, from its own clock. One thread
+    # spinning is about 100 % of one core, less on a VM whose host takes the core away (a CI run read 94.8 %). The
+    # figure is the training process's own clock (a job does not watch a tree): its sampling process is not in it.
+    rows = [[float(x) for x in line.split()] for line in truth_file.read_text().splitlines()]
+    measured = rows[-s["measured_steps"]:]
+    own_pct = 100.0 * sum(cpu for cpu, _ in measured) / sum(wall for _, wall in measured)
+    assert own_pct > 50, own_pct  # it did spin
+    # the sensor reads the same clock, between samples interpolated at the steps' edges (on a machine loaded past its
+    # cores, with samples late, 3 points off has been seen; 6 with three spinners on two cores)
+    assert s["process_cpu_pct"] == pytest.approx(own_pct, abs=5), (s["process_cpu_pct"], own_pct)
     # system-wide the busy core is part of the mean over cores
     ncores = len(s["cpu_util_pct"]["per_core"])
-    assert s["cpu_util_pct"]["mean"] * ncores >= 100 - 5
+    assert s["cpu_util_pct"]["mean"] * ncores >= own_pct - 5
 
 
 def test_ctrl_c_is_recorded_then_raised(run, tmp_path):
