@@ -168,15 +168,21 @@ for _ in range(20):
     x = torch.ones(6 * 2 ** 20); del x  # 24 MiB each: below the 32 MiB threshold, at the heap's top
 print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 """
-    env = dict(__import__("os").environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    base = dict(__import__("os").environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    base.pop("THP_MEM_ALLOC_ENABLE", None)
     out = {}
-    for mode in ("live", "cached"):
+    # live in 4 KiB pages (huge pages kept off by the user's variable), cached, and live as a job runs it (in huge pages
+    # where the kernel gives them: tests/test_huge_pages.py)
+    for name, mode, env in (("live", "live", dict(base, THP_MEM_ALLOC_ENABLE="0")), ("cached", "cached", base),
+                            ("live_huge", "live", base)):
         proc = subprocess.run([sys.executable, "-c", code, mode], capture_output=True, text=True, env=env)
         threshold, faults = proc.stdout.split()[-2:]
-        out[mode] = (int(threshold), int(faults))
+        out[name] = (int(threshold), int(faults))
     pages = 20 * 24 * 2**20 // 4096
     assert out["live"][0] == 128 * 1024 and out["live"][1] > 0.9 * pages, out
     assert out["cached"][0] == 32 * 2**20 and out["cached"][1] < 0.05 * pages, out
+    # each tensor faulted in afresh all the same: at least its 11 whole 2 MiB pages (24 MiB, not 2 MiB-aligned)
+    assert out["live_huge"][0] == 128 * 1024 and out["live_huge"][1] >= 20 * 11, out
 
 
 def test_an_unknown_cpu_malloc_is_refused(run):

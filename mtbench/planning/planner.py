@@ -138,6 +138,9 @@ class Planner:
         budget, and (auto) the predictor's choice: its imports and caches stay in the process, so they must count
         as runtime, not as the job's training memory."""
         self.device = device
+        budgeted = self.target.memory_budget_bytes is not None or self.budget_bytes is not None
+        if device.type == "cpu" and peak.resolved_cpu_malloc(self.settings.cpu_malloc, budgeted) == "live":
+            peak.ask_torch_for_huge_pages()  # read at torch's first CPU tensor, and the trace below makes some
         if device.type == "cuda":
             self.allocator = self._apply_allocator_settings(device)
             self._warn_untimed_autotune(device)
