@@ -57,9 +57,9 @@ def apply_budget(target: Target, device: torch.device, cpu_malloc: str = "auto")
 def release_budget(device: torch.device) -> None:
     """Lift the cap (a process that runs several jobs, as the tests do), and take back the request for huge pages
     where the job failed before its `live` did."""
-    from mtbench.device.peak import withdraw_huge_pages_request
+    from mtbench.device import hugepages
 
-    withdraw_huge_pages_request()
+    hugepages.withdraw()
     if device.type == "cuda":
         torch.cuda.set_per_process_memory_fraction(1.0, device)
 

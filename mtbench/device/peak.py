@@ -3,13 +3,14 @@ from __future__ import annotations
 
 import ctypes
 import gc
-import os
 import re
 import resource
 import sys
 from typing import Any, Dict, Optional
 
 import torch
+
+from mtbench.device import hugepages
 
 _HWM = re.compile(rb"VmHWM:\s+(\d+)\s+kB")
 _RSS = re.compile(rb"VmRSS:\s+(\d+)\s+kB")
@@ -120,97 +121,7 @@ def hold_malloc_to_live_memory() -> Dict[str, Any]:
                  MMAP_THRESHOLD_BYTES,
                  "glibc's mmap threshold fixed (mallopt): freed tensors above it go back to the kernel, so the "
                  "resident peak counts what the job holds, not what glibc keeps for reuse")
-    return {**held, **huge_pages_for_tensors()} if held["mmap_threshold_bytes"] else held
-
-
-THP_ENV = "THP_MEM_ALLOC_ENABLE"  # torch >= 2.2: madvise(MADV_HUGEPAGE) on each CPU tensor of 2 MiB or more
-THP_MODE_FILE = "/sys/kernel/mm/transparent_hugepage/enabled"  # "always [madvise] never"
-HUGE_PROBE_BYTES = 4 * 2**20  # one tensor made to see whether the kernel backs it with a 2 MiB page
-PR_SET_THP_DISABLE = 41  # prctl: no new transparent huge pages for this process (Linux >= 3.15), 0 lifts it
-_huge_pages_asked = False  # whether live asked torch for huge pages in this process (it reads the variable once)
-_env_set_here = False  # THP_ENV was set by this module, not by the user: taken out again once torch has read it
-_huge_pages_seen: Optional[str] = None  # the note of the first check that saw one (torch's answer does not change)
-
-
-def _thp_disabled(disable: bool) -> bool:
-    """prctl(PR_SET_THP_DISABLE): True where the kernel took it."""
-    try:
-        return ctypes.CDLL(None, use_errno=True).prctl(PR_SET_THP_DISABLE, int(disable), 0, 0, 0) == 0
-    except (OSError, AttributeError):  # no prctl (not Linux)
-        return False
-
-
-def _anon_huge_kib() -> Optional[int]:
-    """This process's anonymous memory in transparent huge pages (kB), or None where the kernel does not say."""
-    try:
-        with open("/proc/self/smaps_rollup", "rb") as f:
-            match = re.search(rb"AnonHugePages:\s+(\d+)\s+kB", f.read())
-    except OSError:
-        return None
-    return int(match.group(1)) if match else None
-
-
-def ask_torch_for_huge_pages() -> None:
-    """Set THP_MEM_ALLOC_ENABLE (unless the user did) before this process's first CPU tensor, which is when torch
-    reads it: a job that will run under `live` calls it first thing (huge_pages_for_tensors checks the outcome)."""
-    global _env_set_here
-    if THP_ENV not in os.environ:
-        os.environ[THP_ENV] = "1"
-        _env_set_here = True
-
-
-def withdraw_huge_pages_request() -> None:
-    """At the job's end: take out THP_MEM_ALLOC_ENABLE where this module set it and no check took it out (a job that
-    failed between the request and its `live`), so that processes started later do not inherit it."""
-    global _env_set_here
-    if _env_set_here:
-        os.environ.pop(THP_ENV, None)
-        _env_set_here = False
-
-
-def huge_pages_for_tensors() -> Dict[str, Any]:
-    """Under `live` every large tensor is faulted in afresh each time it is made; in 2 MiB pages rather than 4 KiB
-    ones that costs less (InceptionV1 32x32 batch 16 on this project's CPU VM: 3.60-4.17 samples/s against 3.07-3.29,
-    the same resident peak; docs/memory.md). torch (2.2 and later) asks the kernel for huge pages for tensors of
-    2 MiB or more when THP_MEM_ALLOC_ENABLE is set before its first CPU tensor in the process; a kernel whose
-    transparent huge pages are `madvise` or `always` gives them. This sets it (unless the user did) and checks
-    with one 4 MiB tensor whether the kernel backed it with a huge page. Returns {"huge_pages": True/False/None,
-    "huge_pages_note": why} for summary.json."""
-    try:
-        with open(THP_MODE_FILE) as f:
-            mode = re.search(r"\[(\w+)\]", f.read())
-    except OSError:
-        mode = None
-    if mode is None:
-        return {"huge_pages": None, "huge_pages_note": f"not known: {THP_MODE_FILE} is missing or unreadable"}
-    if mode.group(1) == "never":
-        return {"huge_pages": False,
-                "huge_pages_note": f"the kernel's transparent huge pages are off ({THP_MODE_FILE}: never)"}
-    global _huge_pages_asked, _huge_pages_seen, _env_set_here
-    ask_torch_for_huge_pages()
-    asked = os.environ[THP_ENV]
-    _huge_pages_asked = asked != "0"  # torch reads it as a number
-    lifted = _thp_disabled(False)  # cached may have turned them off
-    if _huge_pages_seen is not None:
-        # seen once: torch asks from then on. A second probe could be served from a block glibc's heap kept
-        # resident under cached, and see nothing
-        return {"huge_pages": lifted, "huge_pages_note": _huge_pages_seen if lifted else
-                "prctl(PR_SET_THP_DISABLE, 0) was refused after cached turned them off"}
-    before = _anon_huge_kib()
-    probe = torch.empty(HUGE_PROBE_BYTES, dtype=torch.uint8)
-    probe.fill_(1)
-    after = _anon_huge_kib()
-    del probe
-    withdraw_huge_pages_request()  # torch has read it now: processes this one starts do not inherit it
-    if before is None or after is None:
-        return {"huge_pages": None, "huge_pages_note": "not known: /proc/self/smaps_rollup gives no AnonHugePages"}
-    if after - before >= 2048:
-        _huge_pages_seen = f"tensors of 2 MiB or more in 2 MiB pages (kernel: {mode.group(1)}, {THP_ENV}={asked})"
-        return {"huge_pages": True, "huge_pages_note": _huge_pages_seen}
-    return {"huge_pages": False, "huge_pages_note": (
-        f"a {HUGE_PROBE_BYTES >> 20} MiB tensor got no huge page (kernel: {mode.group(1)}, {THP_ENV}={asked}): "
-        f"this torch predates the variable (2.2), or it read it before it was set (a CPU tensor made earlier in "
-        f"this process), or the kernel had no free 2 MiB page")}
+    return {**held, **hugepages.for_live()} if held["mmap_threshold_bytes"] else held
 
 
 def hold_malloc_cached() -> Dict[str, Any]:
@@ -225,14 +136,7 @@ def hold_malloc_cached() -> Dict[str, Any]:
     held = _hold("cached", {M_MMAP_THRESHOLD: CACHED_MMAP_BYTES, M_TRIM_THRESHOLD: CACHED_TRIM_BYTES},
                  CACHED_MMAP_BYTES, "glibc keeps freed memory for reuse (mmap threshold 32 MiB, no trimming): no page "
                  "faults for tensors made again, and a resident peak above what the job holds")
-    if _huge_pages_asked:
-        # live asked torch for huge pages, and torch keeps asking; in glibc's heap they keep more resident and cost
-        # time (InceptionV1 32x32 batch 16: 1428-1477 MiB and 5.5 samples/s against 1325-1329 and 6.0-6.3 without)
-        off = _thp_disabled(True)
-        held.update(huge_pages=False if off else None, huge_pages_note=(
-            "turned off after live turned them on (prctl PR_SET_THP_DISABLE): in glibc's heap they keep more "
-            "resident" if off else "live turned them on and prctl(PR_SET_THP_DISABLE) was refused"))
-    return held
+    return {**held, **hugepages.for_cached()} if held["mmap_threshold_bytes"] else held
 
 
 def resolved_cpu_malloc(mode: str, budgeted: bool) -> Optional[str]:

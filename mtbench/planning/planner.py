@@ -10,7 +10,7 @@ from typing import Any, Callable, Dict, List, Optional
 import torch
 
 from mtbench.device.budget import apply_budget, budget_failure, compared_bytes, release_budget, target_from_cfg
-from mtbench.device import peak
+from mtbench.device import hugepages, peak
 from mtbench.device.select import sync
 from mtbench.device.targets import Target
 from mtbench.config import setting
@@ -140,7 +140,7 @@ class Planner:
         self.device = device
         budgeted = self.target.memory_budget_bytes is not None or self.budget_bytes is not None
         if device.type == "cpu" and peak.resolved_cpu_malloc(self.settings.cpu_malloc, budgeted) == "live":
-            peak.ask_torch_for_huge_pages()  # read at torch's first CPU tensor, and the trace below makes some
+            hugepages.ask_torch()  # read at torch's first CPU tensor, and the trace below makes some
         if device.type == "cuda":
             self.allocator = self._apply_allocator_settings(device)
             self._warn_untimed_autotune(device)
