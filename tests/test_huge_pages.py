@@ -70,6 +70,18 @@ print(again["huge_pages"], huge_kib_for(64), env(), flags_at(kept.data_ptr()))
     assert out[7] == "True" and int(out[8]) >= 2048 and out[9:] == ["unset", "nh"], out
 
 
+def test_live_twice_without_cached_between_keeps_its_answer():
+    """A budgeted job sets live, then again where its plan's live peak leaves no room for a cached probe."""
+    out = _run("""
+hugepages.ask_torch()
+first = peak.hold_malloc_to_live_memory()
+second = peak.hold_malloc_to_live_memory()
+print(first["huge_pages"], second["huge_pages"], second["huge_pages_note"] == first["huge_pages_note"], env())
+print(huge_kib_for(64) >= 2048)
+""")
+    assert out == ["True", "True", "True", "unset", "True"], out
+
+
 def test_a_tensor_made_before_the_job_asks_means_no_huge_pages_and_says_why():
     out = _run("""
 torch.zeros(3)  # torch reads the variable at its first CPU tensor: not set yet

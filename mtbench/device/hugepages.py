@@ -122,9 +122,6 @@ def for_live() -> Dict[str, Any]:
                 f"; on again after cached, its {done} advised ranges unadvised (MADV_NOHUGEPAGE)" +
                 (f", {len(refused)} refused: {', '.join(refused[:3])}" if refused else "")))
     if _State.result is not None:
-            return dict(_State.result, huge_pages_note=_State.result["huge_pages_note"] + f"; on again after cached, "
-                        f"its {unadvised} advised ranges unadvised (MADV_NOHUGEPAGE)")
-    if _State.result is not None:
         return dict(_State.result)
     mode, defrag, pmd = _sys("enabled"), _sys("defrag"), _sys("hpage_pmd_size")
     result = _check(mode, defrag, int(pmd) if pmd and pmd.isdigit() else None)
