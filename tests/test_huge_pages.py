@@ -13,7 +13,7 @@ import pytest
 
 from mtbench.device import hugepages
 
-MODE, PMD = hugepages._sys("enabled"), hugepages._sys("hpage_pmd_size")
+MODE, PMD = hugepages.thp_setting("enabled"), hugepages.thp_setting("hpage_pmd_size")
 pytestmark = pytest.mark.skipif(
     MODE != "madvise" or PMD != str(2 * 2**20) or not os.path.exists("/proc/self/smaps_rollup"),
     reason=f"these cases are for a kernel whose transparent huge pages are 2 MiB and given where advised "

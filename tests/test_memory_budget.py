@@ -185,7 +185,7 @@ print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
     assert out["live_huge"][0] == 128 * 1024 and out["live_huge"][1] >= 20 * 11, out
     from mtbench.device import hugepages
 
-    if hugepages._sys("enabled") == "madvise" and hugepages._sys("hpage_pmd_size") == str(2 * 2**20):
+    if hugepages.thp_setting("enabled") == "madvise" and hugepages.thp_setting("hpage_pmd_size") == str(2 * 2**20):
         assert out["live_huge"][1] < 0.5 * pages, out  # a fault per 2 MiB in most of each tensor
 
 

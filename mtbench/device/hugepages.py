@@ -23,7 +23,8 @@ class _State:
     off_here = False  # cached turned THP off for this process (live turns it on again, its ranges unadvised first)
 
 
-def _sys(name: str) -> Optional[str]:
+def thp_setting(name: str) -> Optional[str]:
+    """One file of THP_DIR: the bracketed choice ("madvise" of "always [madvise] never") or its text; None if unread."""
     try:
         with open(os.path.join(THP_DIR, name)) as f:
             text = f.read().strip()
@@ -123,7 +124,7 @@ def for_live() -> Dict[str, Any]:
                 (f", {len(refused)} refused: {', '.join(refused[:3])}" if refused else "")))
     if _State.result is not None:
         return dict(_State.result)
-    mode, defrag, pmd = _sys("enabled"), _sys("defrag"), _sys("hpage_pmd_size")
+    mode, defrag, pmd = thp_setting("enabled"), thp_setting("defrag"), thp_setting("hpage_pmd_size")
     result = _check(mode, defrag, int(pmd) if pmd and pmd.isdigit() else None)
     withdraw()  # torch has read it now (or never will in this process)
     _State.result = result

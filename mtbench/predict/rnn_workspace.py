@@ -2,10 +2,11 @@
 from __future__ import annotations
 
 import mmap
-from pathlib import Path
 from typing import Any, Dict, Optional, Tuple
 
 import torch
+
+from mtbench.device import hugepages
 
 # Runs at up to 2 x RUN_AT samples are exact; a larger batch is extrapolated from two runs (RUN_AT, 2 x RUN_AT): the
 # workspace is page-aligned sections that grow linearly with the batch (LSTM, hidden 128, 20 steps: 44 pages at 1,
@@ -19,7 +20,6 @@ FRESH_BYTES = 40 << 20
 GLIBC_MMAP_MAX = 32 << 20  # glibc's largest dynamic mmap threshold (DEFAULT_MMAP_THRESHOLD_MAX on 64-bit)
 MAX_SHARE_BATCH = 1 << 16  # no larger batch, and no larger input, is run to reach FRESH_BYTES
 MAX_SHARE_INPUT_BYTES = 256 << 20
-THP = Path("/sys/kernel/mm/transparent_hugepage")
 _SIZES: Dict[Tuple[Any, ...], int] = {}
 _TOUCHED: Dict[Tuple[Any, ...], float] = {}
 
@@ -142,9 +142,7 @@ def _touched_share(named: Dict[str, Any]) -> float:
 def _resident_grain() -> int:
     """The unit in which a written mapping becomes resident: a page, or a huge page where transparent huge pages
     are always on (a touched 2 MiB region is then resident whole)."""
-    try:
-        if "[always]" in (THP / "enabled").read_text():
-            return int((THP / "hpage_pmd_size").read_text())
-    except (OSError, ValueError):
-        pass
+    pmd = hugepages.thp_setting("hpage_pmd_size")
+    if hugepages.thp_setting("enabled") == "always" and pmd and pmd.isdigit():
+        return int(pmd)
     return PAGE
