@@ -1,47 +1,113 @@
-"""The predictor's max batch for the guided search (`mtbench maxbatch --search guided`), in a process of its own."""
+"""The predictor's max batch for the guided search (`mtbench maxbatch --search guided`), traced in processes of its own."""
 from __future__ import annotations
 
 import multiprocessing
-from typing import Any, List, Optional, Tuple
+import os
+from typing import Any, List, Optional, Tuple, Union
 
 from mtbench.errors import UsageError
+
+MAX_TRACERS = 2  # traces side by side: each is one busy Python thread; the search's rounds hold two batches
+
+
+class _TraceFailed(Exception):
+    """A trace that raised in a tracer process (its type and first line)."""
+
+
+class _TracerDied(Exception):
+    """A tracer process that ended before it answered (the OOM killer, a signal)."""
 
 
 def predicted_max_batch(model: str, target: str, overrides: List[str], anchor: int) -> Tuple[Optional[int], str]:
     """The predictor's max batch for `model` under the probes' overrides, or (None, why) where it has none: the
-    guided search then falls back to the full one. The prediction runs in a process of its own: its trace runs
-    autograd, after which torch refuses autograd in every process this one forks ("Unable to handle autograd's
-    threading in combination with fork-based multiprocessing"), and each probe is such a fork."""
+    guided search then falls back to the full one.
+
+    The traces run in processes forked here, one per usable core up to MAX_TRACERS, all forked before any of them
+    traces: a trace runs autograd, after which torch refuses autograd in every process that process forks ("Unable
+    to handle autograd's threading in combination with fork-based multiprocessing"), and each probe is such a fork.
+    The search's rounds then trace their batches side by side (maxsearch.largest_batch with width=2: the guess and
+    the batch 1 % above it in the time of one trace)."""
+    from mtbench.predict.maxsearch import largest_batch
+
+    width = max(1, min(MAX_TRACERS, len(os.sched_getaffinity(0))))
     context = multiprocessing.get_context("fork")
-    receiver, sender = context.Pipe(duplex=False)
-    child = context.Process(target=_predict_in_child, args=(sender, model, target, overrides, anchor),
-                            name="mtbench-predict")
-    child.start()
-    sender.close()
+    tracers: List[Tuple[Any, Any]] = []
     try:
-        kind, payload = receiver.recv()
-    except EOFError:  # it died before it answered (the OOM killer, a signal)
-        child.join()
-        return None, f"no prediction (its process ended with exit code {child.exitcode}); the full search runs instead"
+        for i in range(width):
+            here, there = context.Pipe()
+            proc = context.Process(target=_tracer, args=(there, model, target, overrides),
+                                   name=f"mtbench-predict-{i}")
+            proc.start()
+            there.close()
+            tracers.append((proc, here))
+        answers = [_receive(proc, conn) for proc, conn in tracers]  # each: its budget, once its Predictor exists
+        kind, budget = answers[0]
+        if kind == "usage":
+            raise UsageError(budget)
+        if budget is None:
+            return None, "target none has no memory budget"
+
+        def peaks(batches: List[int]) -> List[Union[int, BaseException]]:
+            for i, batch in enumerate(batches):
+                tracers[i % width][1].send(batch)
+            answers = [_receive(*tracers[i % width]) for i in range(len(batches))]
+            usage = next((value for kind, value in answers if kind == "usage"), None)
+            if usage is not None:
+                raise UsageError(usage)
+            return [value if kind == "ok" else _TraceFailed(value) for kind, value in answers]
+
+        best, why, _ = largest_batch(peaks, int(budget), anchor, width=width)
+        return best, why
+    except _TracerDied as exc:
+        return None, f"no prediction ({exc}); the full search runs instead"
+    except _TraceFailed as exc:  # the model cannot be traced: the full search needs no prediction
+        return None, f"no prediction ({exc}); the full search runs instead"
     finally:
-        receiver.close()
-    child.join()
-    if kind == "usage":
-        raise UsageError(payload)
-    return payload
+        for proc, conn in tracers:
+            try:
+                conn.send(None)  # done
+            except OSError:
+                pass
+            conn.close()
+        for proc, _ in tracers:
+            proc.join(10)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
 
 
-def _predict_in_child(sender: Any, model: str, target: str, overrides: List[str], anchor: int) -> None:
+def _receive(proc: Any, conn: Any) -> Tuple[str, Any]:
+    try:
+        return conn.recv()
+    except EOFError:
+        proc.join()
+        raise _TracerDied(f"its process ended with exit code {proc.exitcode}") from None
+
+
+def _tracer(conn: Any, model: str, target: str, overrides: List[str]) -> None:
+    """A tracer process: its budget first ("ready"), then a peak (or why not) for each batch it is sent; None ends."""
     from mtbench.predict.predictor import Predictor
 
     device = next((o.split("=", 1)[1] for o in reversed(overrides) if o.startswith("device=")), "auto")
     rest = [o for o in overrides if not o.startswith(("target=", "device="))]
     try:
         predictor = Predictor(target_name=target, device=device, overrides=tuple(rest))
-        answer: Tuple[str, Any] = ("ok", predictor.max_batch(model, anchor))
     except UsageError as exc:
-        answer = ("usage", str(exc))
-    except Exception as exc:  # noqa: BLE001 - the model cannot be traced: the full search needs no prediction
-        answer = ("ok", (None, f"no prediction ({type(exc).__name__}: {exc}); the full search runs instead"))
-    sender.send(answer)
-    sender.close()
+        conn.send(("usage", str(exc)))
+        return
+    conn.send(("ready", predictor.target.memory_budget_bytes))
+    while True:
+        batch = conn.recv()
+        if batch is None:
+            break
+        try:
+            peak = predictor.peak_or_error(model, batch)
+        except UsageError as exc:  # a bad override the config meets at the first trace
+            conn.send(("usage", str(exc)))
+            continue
+        if isinstance(peak, Exception):
+            msg = str(peak).splitlines()[0] if str(peak) else ""
+            conn.send(("error", f"{type(peak).__name__}: {msg}"))
+        else:
+            conn.send(("ok", peak))
+    conn.close()

@@ -3,13 +3,14 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
 
 from mtbench.errors import UsageError
 from mtbench.predict import allocator, calibration, opcost
+from mtbench.predict.maxsearch import largest_batch
 from mtbench.predict.trace import StepTrace, breakdown, trace_step, transient_bytes
 
 # Training memory that is not tensors, where no calibration says otherwise. CPU: the libraries' pages a step
@@ -60,7 +61,6 @@ def cuda_non_tensor_bytes() -> Tuple[int, str]:
                   "(calibrate to include them; the CUDA context is outside the target's budget, as its rule says)")
 
 
-MAX_BATCH_LIMIT = 1 << 16  # the bisection's upper end
 
 
 @dataclass
@@ -277,61 +277,22 @@ class Predictor:
                             "`mtbench calibrate DIR`")
 
     def max_batch(self, model: str, anchor: int) -> Tuple[Optional[int], str]:
-        """The largest batch whose predicted peak fits the target's budget, by interpolation on the predictor.
-
-        `anchor` is a batch known to trace. Memory grows about linearly with the batch, so two traces give a
-        first guess; the guess is then bracketed (a batch that fits, one that does not) and the bracket narrowed
-        by interpolation (Illinois) to within 1 %: the answer is a batch the predictor says fits.
-        """
+        """The largest batch whose predicted peak fits the target's budget, to 1 % (maxsearch.largest_batch, one
+        trace at a time; `anchor` is a batch known to trace)."""
         budget = self.target.memory_budget_bytes
         if budget is None:
             return None, "target none has no memory budget"
+        best, why, _ = largest_batch(lambda batches: [self.peak_or_error(model, b) for b in batches], budget, anchor)
+        return best, why
 
-        def fits(batch: int) -> bool:
-            return bool(self.predict(model, batch).fits)
-
-        if fits(anchor):
-            lo = anchor
-            p1, p2 = self.predict(model, anchor).peak_bytes, self.predict(model, 2 * anchor).peak_bytes
-            per_sample = max((p2 - p1) / anchor, 1.0)
-            guess = min(MAX_BATCH_LIMIT, anchor + int((budget - p1) / per_sample))
-            if guess > lo and fits(guess):
-                lo = guess
-            hi = max(lo + 1, guess if guess > lo else 2 * anchor)
-            while hi <= MAX_BATCH_LIMIT and fits(hi):  # widen until a batch does not fit
-                lo, hi = hi, hi + max(1, hi // 8)
-            if hi > MAX_BATCH_LIMIT:
-                return lo, f"fits up to the search limit {MAX_BATCH_LIMIT}"
-        else:
-            lo, hi = 0, anchor
-        # lo fits (or is 0), hi does not; stop within 1 % (the answer stays a batch that fits). The next batch is
-        # where the line through the two ends' peaks meets the budget (memory is about linear in the batch: two or
-        # three traces instead of seven), with the Illinois rule (an end kept twice counts half its distance from
-        # the budget, so a curved peak does not make the line creep), or the middle where an end has no peak
-        over: Dict[int, Optional[float]] = {end: float(self.predict(model, end).peak_bytes - budget)
-                                            for end in (lo, hi) if end > 0}  # the ends' traces are cached
-        moved = None
-        while hi - lo > max(1, lo // 100):
-            mid = (lo + hi) // 2
-            f_lo, f_hi = over.get(lo), over.get(hi)
-            if f_lo is not None and f_hi is not None and f_hi > f_lo:
-                mid = min(hi - 1, max(lo + 1, lo + int(-f_lo * (hi - lo) / (f_hi - f_lo))))
-            try:
-                peak = self.predict(model, mid).peak_bytes
-                ok = peak <= budget
-            except Exception:  # a batch the workload itself refuses (batch norm needs 2 samples): not a fit
-                peak, ok = None, False
-            kept = hi if ok else lo
-            if moved == ok and over.get(kept) is not None:  # the same end moved twice: the other counts half
-                over[kept] = over[kept] / 2  # type: ignore[operator]
-            over[mid], moved = (None if peak is None else float(peak - budget)), ok
-            if ok:
-                lo = mid
-            else:
-                hi = mid
-        if lo == 0:
-            return 0, f"no batch up to {anchor} fits the budget"
-        return lo, f"batch {hi} does not fit: {self.predict(model, hi).peak_bytes} > {budget} bytes"
+    def peak_or_error(self, model: str, batch: int) -> Union[int, Exception]:
+        """The predicted peak, or the exception that stopped the trace (a UsageError is raised)."""
+        try:
+            return int(self.predict(model, batch).peak_bytes)
+        except UsageError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a batch the workload refuses, or a model that cannot be traced
+            return exc
 
 
 def _trace_the_largest(workload: Any, batches: int, measured: range) -> None:

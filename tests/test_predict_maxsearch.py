@@ -1,0 +1,113 @@
+"""The predictor's max-batch search in rounds: on peaks of known shape (the answer is known exactly), one trace at a
+time and two side by side, and through the tracer processes of the guided maxbatch against one Predictor."""
+from __future__ import annotations
+
+from typing import Callable, List
+
+import pytest
+
+from mtbench.predict.maxsearch import largest_batch
+from tests.conftest import needs_predictor
+
+MIB = 2**20
+BUDGET = 1124 * MIB
+
+SHAPES = {
+    # a CNN: a fixed part, then a line; small batches bend below it (resnet50's traces: 19.3 MiB a sample from 2
+    # to 4, 23.7 from 8 up)
+    "cnn": lambda b: 200 * MIB + 24 * MIB * b - (8 - b) * 2 * MIB * (b < 8),
+    "linear, a step above 8": lambda b: 100 * MIB + b * MIB + (4 * MIB if b > 8 else 0),
+    "curved": lambda b: 100 * MIB + b * b * 2**14,
+    "many samples": lambda b: 300 * MIB + b * (MIB * 9 // 10),
+}
+
+
+def _truth(peak: Callable[[int], int]) -> int:
+    return max(b for b in range(1, 1 << 14) if peak(b) <= BUDGET)
+
+
+class Recorder:
+    def __init__(self, peak: Callable[[int], int], refused: int = -1) -> None:
+        self.peak, self.refused, self.rounds = peak, refused, []  # type: ignore[var-annotated]
+
+    def __call__(self, batches: List[int]):
+        self.rounds.append(list(batches))
+        return [ValueError(f"batch {b} refused") if b == self.refused else self.peak(b) for b in batches]
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+@pytest.mark.parametrize("width", [1, 2])
+def test_the_answer_fits_and_is_within_1_percent_of_the_largest(shape, width):
+    peak = SHAPES[shape]
+    rec = Recorder(peak)
+    found, why, rounds = largest_batch(rec, BUDGET, 2, width=width)
+    truth = _truth(peak)
+    assert peak(found) <= BUDGET and truth - found <= max(1, truth // 100), (found, truth, rec.rounds)
+    assert rounds == len(rec.rounds) and all(len(r) <= width for r in rec.rounds)
+    assert "does not fit" in why
+
+
+@pytest.mark.parametrize("shape, most", [("cnn", 2), ("many samples", 2), ("linear, a step above 8", 3)])
+def test_side_by_side_a_line_is_found_in_two_rounds(shape, most):
+    """Two traces at a time: 8 and 32, then the guess and the batch 1 % above it (the time of two traces where one
+    at a time takes four)."""
+    rec = Recorder(SHAPES[shape])
+    _, _, rounds = largest_batch(rec, BUDGET, 2, width=2)
+    assert rec.rounds[0] == [8, 32] and rounds <= most, rec.rounds
+
+
+def test_one_at_a_time_traces_no_more_than_before():
+    rec = Recorder(SHAPES["linear, a step above 8"])
+    largest_batch(rec, BUDGET, 2, width=1)
+    assert sum(len(r) for r in rec.rounds) <= 4, rec.rounds  # 2, 4, the guess, the batch above it
+
+
+def test_nothing_fits():
+    found, why, _ = largest_batch(Recorder(lambda b: 2 * BUDGET + b), BUDGET, 2, width=2)
+    assert found == 0 and why == "no batch fits the budget (batch 1 does not)"
+
+
+def test_the_anchor_that_cannot_be_traced_raises_and_a_refused_batch_does_not_fit():
+    with pytest.raises(ValueError, match="batch 8 refused"):
+        largest_batch(Recorder(SHAPES["cnn"], refused=8), BUDGET, 2, width=2)
+    truth = _truth(SHAPES["cnn"])
+    found, why, _ = largest_batch(Recorder(SHAPES["cnn"], refused=truth), BUDGET, 2, width=2)
+    assert found == truth - 1 and why == f"batch {truth} does not fit: it could not be traced"
+
+
+def test_the_search_limit():
+    found, why, _ = largest_batch(Recorder(lambda b: b), BUDGET, 2, width=2, limit=500)
+    assert found == 500 and why == "fits up to the search limit 500"
+
+
+_SIDE_BY_SIDE = """
+import json, sys
+from mtbench.campaign.prediction import predicted_max_batch
+from mtbench.predict.predictor import Predictor
+
+tiny = ["model.workload.ngf=4", "model.workload.ndf=4"]
+# a fixed budget: the tracers must be forked before this process runs autograd (Predictor.max_batch's traces)
+overrides = tiny + ["target.memory_budget_bytes=%d" % (60 * 2**20)]
+side_by_side, why = predicted_max_batch("dcgan", "nano", ["target=nano", "device=cpu", *overrides], 2)
+one, _ = Predictor(target_name="nano", device="cpu", overrides=tuple(overrides)).max_batch("dcgan", 2)
+print(json.dumps([side_by_side, why, one]))
+"""
+
+
+@needs_predictor
+def test_the_tracer_processes_find_what_one_predictor_finds(tmp_path):
+    """The guided maxbatch's prediction (tracers forked side by side) against Predictor.max_batch, in a fresh
+    interpreter (a process that ran autograd cannot fork tracers that run it again)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from mtbench.predict import calibration
+
+    env = dict(os.environ, **{calibration.ENV_DIR: str(tmp_path)})
+    proc = subprocess.run([sys.executable, "-c", _SIDE_BY_SIDE], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    side_by_side, why, one = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert one > 8 and side_by_side is not None, (side_by_side, why, one)
+    assert abs(side_by_side - one) <= max(1, one // 100) and "does not fit" in why, (side_by_side, why, one)
