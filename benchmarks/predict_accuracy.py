@@ -21,8 +21,11 @@ models only calibrate (profiled jobs: their ops.csv gives the per-op times of th
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -120,13 +123,14 @@ def quiet() -> str:
 
 
 def maxbatch_comparison(models) -> None:
-    """Guided (predicted max batch, then probes) against the full search, both timed in this one run."""
-    from mtbench.campaign.maxbatch import probe_isolated, search, search_guided
-    from mtbench.campaign.prediction import predicted_max_batch
+    """Guided (a small probe, the predicted max batch, then probes) against the full search, both as
+    `mtbench maxbatch` runs them (--start 2) and timed in this one run."""
+    from mtbench.campaign.maxbatch import guided, probe_isolated, search
 
     print(f"\nmax batch, target=nano device=cpu ({quiet()}):")
     print(f"{'model':<12} {'full':>6} {'probes':>6} {'s':>6} {'pred':>6} {'guided':>6} {'probes':>6} {'s':>6} "
           f"{'same':>5} {'speed-up':>8}")
+    args = argparse.Namespace(start=2, limit=4096, tolerance=0.05)
     for model in models:
         with tempfile.TemporaryDirectory() as tmp:
             overrides = [f"model={model}", "target=nano", "device=cpu"]
@@ -135,17 +139,17 @@ def maxbatch_comparison(models) -> None:
             def prober(batch: int):
                 return probe_isolated(overrides, batch, Path(tmp) / f"{next(n)}-b{batch}")
 
-            t0 = time.monotonic()
-            predicted, why = predicted_max_batch(model, "nano", overrides[1:], 2)  # in a process of its own, as the CLI
-            if predicted is None:
-                print(f"  {model}: {why}")
-            guided = search_guided(prober, predicted=max(1, predicted or 1), model=model)
-            guided_s = time.monotonic() - t0
-            full = search(prober, model=model)
-        same = abs(guided.max_batch - full.max_batch) <= max(1, 0.05 * full.max_batch)
-        print(f"{model:<12} {full.max_batch:>6} {len(full.probes):>6} {full.seconds:>6.0f} {str(predicted):>6} "
-              f"{guided.max_batch:>6} {len(guided.probes):>6} {guided_s:>6.0f} {str(same):>5} "
-              f"{full.seconds / max(guided_s, 1e-9):>7.1f}x")
+            said = io.StringIO()
+            with contextlib.redirect_stdout(said):  # its "predicted max batch: ..." line
+                g = guided(model, "nano", overrides[1:], prober, args)
+            predicted = re.search(r"predicted max batch: (\d+)", said.getvalue())
+            if not predicted:
+                print(f"  {model}: {said.getvalue().strip()}")
+            full = search(prober, start=args.start, model=model)
+        same = abs(g.max_batch - full.max_batch) <= max(1, 0.05 * full.max_batch)
+        print(f"{model:<12} {full.max_batch:>6} {len(full.probes):>6} {full.seconds:>6.0f} "
+              f"{predicted.group(1) if predicted else 'none':>6} {g.max_batch:>6} {len(g.probes):>6} "
+              f"{g.seconds:>6.0f} {str(same):>5} {full.seconds / max(g.seconds, 1e-9):>7.1f}x")
 
 
 def main() -> None:

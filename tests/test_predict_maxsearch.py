@@ -88,9 +88,15 @@ from mtbench.predict.predictor import Predictor
 tiny = ["model.workload.ngf=4", "model.workload.ndf=4"]
 # a fixed budget: the tracers must be forked before this process runs autograd (Predictor.max_batch's traces)
 overrides = tiny + ["target.memory_budget_bytes=%d" % (60 * 2**20)]
-side_by_side, why = predicted_max_batch("dcgan", "nano", ["target=nano", "device=cpu", *overrides], 2)
-one, _ = Predictor(target_name="nano", device="cpu", overrides=tuple(overrides)).max_batch("dcgan", 2)
-print(json.dumps([side_by_side, why, one]))
+cli = ["target=nano", "device=cpu", *overrides]
+side_by_side, why = predicted_max_batch("dcgan", "nano", cli, 2)
+# a probe at 8 that measured 55 MiB of training memory: every peak is shifted by that less the prediction at 8
+shifted, why_shifted = predicted_max_batch("dcgan", "nano", cli, 2, measured=(8, 55 * 2**20))
+one = Predictor(target_name="nano", device="cpu", overrides=tuple(overrides))
+shift = 55 * 2**20 - one.predict("dcgan", 8).peak_bytes
+less = tuple(tiny) + ("target.memory_budget_bytes=%d" % (60 * 2**20 - shift),)  # the same as a smaller budget
+print(json.dumps([side_by_side, why, one.max_batch("dcgan", 2)[0], shifted, why_shifted,
+                  Predictor(target_name="nano", device="cpu", overrides=less).max_batch("dcgan", 2)[0], shift]))
 """
 
 
@@ -108,6 +114,9 @@ def test_the_tracer_processes_find_what_one_predictor_finds(tmp_path):
     env = dict(os.environ, **{calibration.ENV_DIR: str(tmp_path)})
     proc = subprocess.run([sys.executable, "-c", _SIDE_BY_SIDE], capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    side_by_side, why, one = json.loads(proc.stdout.strip().splitlines()[-1])
+    side_by_side, why, one, shifted, why_shifted, smaller_budget, shift = json.loads(proc.stdout.strip().splitlines()[-1])
     assert one > 8 and side_by_side is not None, (side_by_side, why, one)
     assert abs(side_by_side - one) <= max(1, one // 100) and "does not fit" in why, (side_by_side, why, one)
+    assert shift > 0 and 8 <= smaller_budget < one, (shift, smaller_budget, one)
+    assert abs(shifted - smaller_budget) <= max(1, smaller_budget // 100), (shifted, smaller_budget, why_shifted)
+    assert f"shifted by {shift / 2**20:+.1f} MiB: the probe at batch 8" in why_shifted

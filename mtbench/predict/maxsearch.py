@@ -4,6 +4,7 @@ from __future__ import annotations
 from typing import Callable, Dict, List, Optional, Tuple, Union
 
 MAX_BATCH_LIMIT = 1 << 16  # the search's upper end
+FIRST_FACTORS = (4, 16)  # side by side, the first round traces these multiples of the anchor
 MAX_ROUNDS = 64  # a peak that is not monotone in the batch cannot make the search run for ever
 
 # the peaks of several batches at once (a list in the same order); a batch that cannot be traced gives the exception
@@ -28,7 +29,7 @@ def largest_batch(peaks: Peaks, budget: int, anchor: int, width: int = 1,
     known: Dict[int, Optional[int]] = {}  # batch -> predicted peak (None: it could not be traced)
     # side by side, the first round is 4 and 16 times the anchor: a small batch's peak bends below the line that
     # larger ones follow (resnet50: 19.3 MiB a sample from 2 to 4, 23.7 from 8 up), so a line from there misses
-    first = [4 * anchor, 16 * anchor] if width > 1 else [anchor]
+    first = [f * anchor for f in FIRST_FACTORS] if width > 1 else [anchor]
     rounds = 0
 
     def ask(batches: List[int]) -> None:
