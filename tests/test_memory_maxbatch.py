@@ -186,3 +186,13 @@ def test_guided_probes_train_after_the_real_prediction(tmp_path):
     assert "(error)" not in proc.stdout
     result = json.loads((tmp_path / "maxbatch.json").read_text())["models"][0]
     assert result["max_batch"] >= 1 and result["error"] is None, result
+
+
+def test_search_guided_whose_small_probe_does_not_fit_runs_the_full_search_below_it(tmp_path, monkeypatch, capsys):
+    seen: List[int] = []
+    monkeypatch.setattr(maxbatch, "predicted_max_batch", lambda *a: pytest.fail("predicted"))
+    code = maxbatch.main(["model=alexnet", "target=nano", "--search", "guided", "--out", str(tmp_path)],
+                         prober=lambda overrides, batch, out_dir: fake_board(5, calls=seen)(batch))
+    doc = json.loads((tmp_path / "maxbatch.json").read_text())["models"][0]
+    assert code == 0 and doc["max_batch"] == 5 and seen[:3] == [8, 2, 4] and seen.count(8) == 1, seen
+    assert "the probe at batch 8 did not fit (budget): the full search runs" in capsys.readouterr().out

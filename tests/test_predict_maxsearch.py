@@ -114,7 +114,8 @@ def test_the_tracer_processes_find_what_one_predictor_finds(tmp_path):
     env = dict(os.environ, **{calibration.ENV_DIR: str(tmp_path)})
     proc = subprocess.run([sys.executable, "-c", _SIDE_BY_SIDE], capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    side_by_side, why, one, shifted, why_shifted, smaller_budget, shift = json.loads(proc.stdout.strip().splitlines()[-1])
+    figures = json.loads(proc.stdout.strip().splitlines()[-1])
+    side_by_side, why, one, shifted, why_shifted, smaller_budget, shift = figures
     assert one > 8 and side_by_side is not None, (side_by_side, why, one)
     assert abs(side_by_side - one) <= max(1, one // 100) and "does not fit" in why, (side_by_side, why, one)
     assert shift > 0 and 8 <= smaller_budget < one, (shift, smaller_budget, one)

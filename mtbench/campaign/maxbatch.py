@@ -170,7 +170,7 @@ def guided(model: str, target: str, overrides: List[str], fits_at: Callable[[int
     began = time.monotonic()
     small = min(args.limit, FIRST_FACTORS[0] * args.start)  # the prediction's first trace
     first = fits_at(small)
-    predicted, why = None, "the first probe did not fit"
+    predicted, why = None, f"the probe at batch {small} did not fit ({first.kind})"
     if first.fits:
         measured = (small, first.training_bytes) if first.training_bytes is not None else None
         predicted, why = predicted_max_batch(model, target, overrides, args.start, measured)

@@ -1,4 +1,4 @@
-"""The predictor's max batch for the guided search (`mtbench maxbatch --search guided`), traced in processes of its own."""
+"""The predictor's max batch for the guided search (`mtbench maxbatch --search guided`), traced in processes beside."""
 from __future__ import annotations
 
 import multiprocessing
@@ -77,8 +77,8 @@ def predicted_max_batch(model: str, target: str, overrides: List[str], anchor: i
             return [value if kind == "ok" else _TraceFailed(value) for kind, value in answers]
 
         best, why, _ = largest_batch(peaks, int(budget), anchor, width=width)
-        if shift:
-            why += (f" (each prediction shifted by {shift[0] / 2**20:+.1f} MiB: the probe at batch {measured[0]} "  # type: ignore[index]
+        if shift and measured is not None:
+            why += (f" (each prediction shifted by {shift[0] / 2**20:+.1f} MiB: the probe at batch {measured[0]} "
                     "measured that beyond it)")
         return best, why
     except _TracerDied as exc:
