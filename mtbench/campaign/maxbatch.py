@@ -52,6 +52,17 @@ class Search:
     def probe_at(self, batch: int) -> Optional[Probe]:
         return next((p for p in self.probes if p.batch == batch), None)
 
+    def ask(self, fits_at: Callable[[int], Probe], batch: int) -> Optional[bool]:
+        """Whether `batch` fits, probed once (a batch probed before is not run again); None after a probe failed for
+        another reason than memory (then in `error`: the search stops)."""
+        p = self.probe_at(batch) or fits_at(batch)
+        if p not in self.probes:
+            self.probes.append(p)
+        if not p.fits and p.kind not in DOES_NOT_FIT:
+            self.error = f"batch {batch}: {p.kind}: {p.message}"
+            return None
+        return p.fits
+
 
 def search(fits_at: Callable[[int], Probe], start: int = 1, limit: int = 4096, tolerance: float = 0.05,
            model: str = "", probes: Sequence[Probe] = (), spent: float = 0.0) -> Search:
@@ -60,15 +71,7 @@ def search(fits_at: Callable[[int], Probe], start: int = 1, limit: int = 4096, t
     as search_guided's."""
     result = Search(model=model, probes=list(probes))
     began = time.monotonic() - spent
-
-    def probe(batch: int) -> Optional[bool]:
-        p = result.probe_at(batch) or fits_at(batch)
-        if p not in result.probes:
-            result.probes.append(p)
-        if not p.fits and p.kind not in DOES_NOT_FIT:
-            result.error = f"batch {batch}: {p.kind}: {p.message}"
-            return None
-        return p.fits
+    probe = functools.partial(result.ask, fits_at)
 
     batch = start
     while True:
@@ -114,15 +117,7 @@ def search_guided(fits_at: Callable[[int], Probe], predicted: int, limit: int = 
     seconds before the search (that probe, the prediction), counted in its time."""
     result = Search(model=model, probes=list(probes))
     began = time.monotonic() - spent
-
-    def probe(batch: int) -> Optional[bool]:
-        p = result.probe_at(batch) or fits_at(batch)
-        if p not in result.probes:
-            result.probes.append(p)
-        if not p.fits and p.kind not in DOES_NOT_FIT:
-            result.error = f"batch {batch}: {p.kind}: {p.message}"
-            return None
-        return p.fits
+    probe = functools.partial(result.ask, fits_at)
 
     def step(n: int, k: int, down: bool = False) -> int:  # the k-th step from n: within tolerance when k == 0
         return max(1, int(tolerance * n / (1 + tolerance) if down else tolerance * n)) << k

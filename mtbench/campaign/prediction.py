@@ -81,9 +81,7 @@ def predicted_max_batch(model: str, target: str, overrides: List[str], anchor: i
             why += (f" (each prediction shifted by {shift[0] / 2**20:+.1f} MiB: the probe at batch {measured[0]} "
                     "measured that beyond it)")
         return best, why
-    except _TracerDied as exc:
-        return None, f"no prediction ({exc}); the full search runs instead"
-    except _TraceFailed as exc:  # the model cannot be traced: the full search needs no prediction
+    except (_TracerDied, _TraceFailed) as exc:  # no tracer, or the model cannot be traced: the full search needs none
         return None, f"no prediction ({exc}); the full search runs instead"
     finally:
         for proc, conn in tracers:
