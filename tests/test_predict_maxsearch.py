@@ -121,3 +121,36 @@ def test_the_tracer_processes_find_what_one_predictor_finds(tmp_path):
     assert shift > 0 and 8 <= smaller_budget < one, (shift, smaller_budget, one)
     assert abs(shifted - smaller_budget) <= max(1, smaller_budget // 100), (shifted, smaller_budget, why_shifted)
     assert f"shifted by {shift / 2**20:+.1f} MiB: the probe at batch 8" in why_shifted
+
+
+_FAILURES = """
+import json, os
+from mtbench.campaign.prediction import predicted_max_batch
+from mtbench.predict.predictor import Predictor
+
+cli = ["target=nano", "device=cpu"]
+Predictor.peak_or_error = lambda self, model, batch: os._exit(9)  # a tracer killed mid-trace (as the OOM killer does)
+died = predicted_max_batch("dcgan", "nano", cli, 2)
+Predictor.peak_or_error = lambda self, model, batch: RuntimeError("a kernel fake tensors cannot run\\nmore")
+failed = predicted_max_batch("dcgan", "nano", cli, 2)
+print(json.dumps([died, failed]))
+"""
+
+
+def test_a_tracer_that_dies_or_cannot_trace_gives_no_prediction_and_says_why(tmp_path):
+    """Real tracer processes (forked, each its own Predictor): one ends with exit code 9 before it answers, then
+    every trace raises; the guided search is told why and runs the full search."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from mtbench.predict import calibration
+
+    env = dict(os.environ, **{calibration.ENV_DIR: str(tmp_path)})
+    proc = subprocess.run([sys.executable, "-c", _FAILURES], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    died, failed = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert died == [None, "no prediction (its process ended with exit code 9); the full search runs instead"]
+    assert failed == [None, "no prediction (RuntimeError: a kernel fake tensors cannot run); the full search runs "
+                            "instead"]
