@@ -290,9 +290,7 @@ def serve(fd: int, parent_pid: int) -> None:
             # nothing here makes reference cycles while it samples: no collector passes over the growing
             # list of samples (each a pause of the loop, and CPU taken from training)
             gc.disable()
-            sampler.start()
-            while sampler.stats()["samples"] == 0:  # the first step begins after the first sample
-                time.sleep(0.0002)
+            sampler.start()  # returns after the first sample: the first step begins after it
             conn.send(("started", sampler.gives_power))  # without a total power rail nobody asks for it
             command = _next_command(conn, parent_pid, sampler.latest_power_w)
         waited_cpu_s = time.thread_time() - waited_cpu_s

@@ -70,6 +70,7 @@ class Sampler:
         self._raws: List[List[Any]] = []  # per sample, each sensor's read_raw() (None: it failed)
         self._rows: List[List[Optional[float]]] = []  # the raws decoded so far, in order
         self._stop = threading.Event()  # set by stop(): wakes the loop at once, whatever its period
+        self._first = threading.Event()  # set once the loop's first sample is taken
         self._thread: Optional[threading.Thread] = None
         self._fields = [f for s in self.sensors for f in s.fields()]
         self._widths = [len(s.fields()) for s in self.sensors]
@@ -87,8 +88,12 @@ class Sampler:
         self._newest_w: List[Optional[Tuple[float, float]]] = [None] * len(self._power_at)
 
     def start(self) -> "Sampler":
+        """Begin sampling; returns once the first sample has been taken, so that the first step has one before it
+        (a thread just started may otherwise wait for the GIL past the first steps)."""
         self._thread = threading.Thread(target=self._run, name="mtbench-sampler", daemon=True)
         self._thread.start()
+        while not self._first.wait(0.05) and self._thread.is_alive():
+            pass
         return self
 
     def stop(self) -> Samples:
@@ -186,6 +191,7 @@ class Sampler:
         cpu0 = time.thread_time()
         while not self._stop.is_set():
             self._sample()
+            self._first.set()
             next_t += period
             now = self.clock()
             if now >= next_t:  # this read overran its slot: skip the missed periods, keep the grid
