@@ -75,6 +75,28 @@ def test_stopping_never_waits_out_the_period():
     assert len(samples) == 2  # the first sample and the closing one
 
 
+def test_start_returns_once_the_first_sample_is_taken():
+    """The first step has a sample before it: a first read that takes 0.2 s is done when start() returns (a thread
+    just started could otherwise run its first read after the job's first steps, whose live watts were then None)."""
+
+    class SlowFirstRead(ProcfsSensor):
+        reads = 0
+
+        def read_raw(self):
+            SlowFirstRead.reads += 1
+            if SlowFirstRead.reads == 1:
+                time.sleep(0.2)
+            return super().read_raw()
+
+    t0 = time.monotonic()
+    sampler = Sampler([SlowFirstRead()], interval_ms=1000).start()
+    try:
+        assert sampler.stats()["samples"] == 1 and time.monotonic() - t0 >= 0.2
+        assert sampler.samples().time_s[0] <= time.monotonic()
+    finally:
+        sampler.stop()
+
+
 def test_proc_stat_parsing():
     text = b"cpu  10 0 10 80 0 0 0 0 0 0\ncpu0 1 2 3 4 5 6 7 8 9 10\ncpu1 0 0 0 100 0 0 0 0\nintr 5\n"
     assert parse_proc_stat(text) == [(0, 1 + 2 + 3 + 6 + 7 + 8, 36), (1, 0, 100)]
