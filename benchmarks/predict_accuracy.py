@@ -48,7 +48,12 @@ t0 = time.monotonic()
 from mtbench.predict.predictor import Predictor
 p = Predictor(target_name="none", device="cpu").predict("bert", 64)
 wall = time.monotonic() - t0
-print(wall, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, base, p.tensors_bytes, p.flops)
+# VmHWM, not ru_maxrss: Linux keeps ru_maxrss across exec, so a child started from a large parent (vfork) reports
+# the parent's size (1.79 GB measured beside 0.72 GB in this process's own memory)
+with open("/proc/self/status") as f:
+    hwm = [int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:")]
+peak = hwm[0] if hwm else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+print(wall, peak, base, p.tensors_bytes, p.flops)
 """
 
 
@@ -79,16 +84,36 @@ def run_job_child(model: str, batch: int, out_dir: str, steps: int = 3, profile:
           f"before the model {before} B", flush=True)
 
 
-def run_sweep(models, batches, folder: Path, steps: int = 3, profiled=()) -> None:
-    """Each (model, batch) job in a fresh process (so that its memory before the model is its own), profiled
-    where the model is in `profiled` (the calibration models: ops.csv holds the per-op times the time model is
-    fitted on; their summaries' unprofiled reference steps are the step time); the held-out models run plain, so
-    that no profiler's time or memory is in what the predictions are compared with."""
-    for i, (model, batch) in enumerate((m, int(b)) for m in models for b in batches.split(",")):
+def run_sweep(jobs, folder: Path, steps: int = 3, profiled=()) -> None:
+    """Each (model, batch) job of `jobs` in a fresh process (so that its memory before the model is its own),
+    profiled where the model is in `profiled` (the calibration models: ops.csv holds the per-op times the time model
+    is fitted on; their summaries' unprofiled reference steps are the step time); the held-out models run plain, so
+    that no profiler's time or memory is in what the predictions are compared with. A job whose summary is already
+    in `folder` is not run again (a sweep goes on where it stopped, or grows by models)."""
+    from mtbench.errors import UsageError
+    from mtbench.predict.fit import read_summaries
+
+    try:
+        done = {(s["model"], int(s["batch_size"])) for s in read_summaries(folder)}
+    except UsageError:  # no folder yet, or none of its jobs succeeded
+        done = set()
+    start = len(list(folder.iterdir())) if folder.is_dir() else 0
+    for i, (model, batch) in enumerate((j for j in jobs if j not in done), start=start):
         code = f"from benchmarks.predict_accuracy import run_job_child; run_job_child({model!r}, {batch}, " \
                f"{str(folder / f'{i}-{model}-b{batch}')!r}, steps={steps}, profile={model in profiled})"
         subprocess.run([sys.executable, "-c", code], check=False, cwd=REPO,
                        env={**os.environ, "PYTHONPATH": str(REPO)})
+
+
+def sweep_jobs(models, batches: str, batches_for) -> list:
+    """(model, batch) of the sweep: `batches` for every model, or a model's own from --batches-for MODEL=B,B,B."""
+    own = {}
+    for item in batches_for:
+        model, _, values = item.partition("=")
+        if not values:
+            raise SystemExit(f"--batches-for {item!r}: expected MODEL=B,B,B (e.g. bert=1,2,4)")
+        own[model] = values
+    return [(m, int(b)) for m in models for b in own.get(m, batches).split(",")]
 
 
 def pct(pred: float, meas: float) -> float:
@@ -156,6 +181,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sweep", help="the sweep folder: reused where it holds summaries, else the sweep runs into it")
     ap.add_argument("--batches", default="2,8,32")
+    ap.add_argument("--batches-for", action="append", default=[], metavar="MODEL=B,B,B",
+                    help="a model's own batches (repeatable), e.g. bert=1,2,4: BERT at 32 needs about 10 GB")
     ap.add_argument("--models", default=",".join(CNNS))
     ap.add_argument("--held-out", default=",".join(HELD_OUT),
                     help="models evaluated (never calibrated on); the sweep's other models calibrate")
@@ -177,12 +204,11 @@ def main() -> None:
     models, held_out = args.models.split(","), [m for m in args.held_out.split(",") if m]
     folder = Path(args.sweep) if args.sweep else Path(tempfile.mkdtemp(prefix="mtbench-predict-")) / "sweep"
     print(f"before the sweep: {quiet()}")
-    if not any(folder.rglob("summary.json")):
-        run_sweep(models, args.batches, folder, steps=args.steps,
-                  profiled=[m for m in models if m not in held_out])
+    jobs = sweep_jobs(models, args.batches, args.batches_for)
+    run_sweep(jobs, folder, steps=args.steps, profiled=[m for m in models if m not in held_out])
     print(f"after the sweep: {quiet()}")
     runs = sorted(read_summaries(folder), key=lambda s: (s["model"], s["batch_size"]))
-    runs = [s for s in runs if s["model"] in models]
+    runs = [s for s in runs if (s["model"], int(s["batch_size"])) in set(jobs)]
     fit_runs, test_runs = split_by_model(runs, [m for m in held_out if any(s["model"] == m for s in runs)])
     predictor = Predictor(target_name="none", device="cpu", overrides=("warmup=1", f"steps={args.steps}"))
     t0 = time.monotonic()

@@ -90,7 +90,9 @@ def test_profiled_class_times_are_scaled_to_the_unprofiled_step():
     ("AddmmBackward0", "matmul"), ("MmBackward0", "matmul"), ("aten::batch_norm", "norm"),
     ("NativeBatchNormBackward0", "norm"), ("aten::max_pool2d", "reduction"), ("LogSoftmaxBackward0", "reduction"),
     ("aten::hardtanh_", "elementwise"), ("torch::autograd::AccumulateGrad", "elementwise"),
-    ("Optimizer.step#SGD.step", "optimizer"), ("[no op]", opcost.HOST)])
+    ("Optimizer.step#SGD.step", "optimizer"), ("[no op]", opcost.HOST), ("aten::lstm", "matmul"),
+    ("MkldnnRnnLayerBackward0", "matmul"), ("aten::gru", "matmul"), ("EmbeddingBackward0", "elementwise"),
+    ("aten::embedding", "elementwise"), ("aten::normal_", "elementwise")])
 def test_ops_csv_names_fall_in_the_classes_of_their_traced_ops(name, cls):
     assert opcost.measured_class(name) == cls
 
@@ -125,6 +127,65 @@ def test_grouped_convolution_flops_and_classes(groups):
     assert conv["ops"] == 2
     assert conv["weight_bytes"] == 64 * (32 // groups) * 9 * 4  # the forward's weight, once
     assert t.op_classes["optimizer"]["ops"] > 0 and t.op_classes["optimizer"]["bytes"] > 0
+
+
+@pytest.mark.parametrize("measured, traced", [
+    ("aten::lstm", "aten::mkldnn_rnn_layer"), ("MkldnnRnnLayerBackward0", "aten::mkldnn_rnn_layer_backward"),
+    ("EmbeddingBackward0", "aten::embedding_dense_backward"), ("aten::embedding", "aten::embedding"),
+    ("aten::normal_", "aten::normal_"), ("aten::max_pool2d", "aten::max_pool2d_with_indices")])
+def test_a_measured_op_and_the_kernel_the_trace_sees_for_it_share_a_class(measured, traced):
+    """The fit compares a class's measured time with its traced figures: an LSTM timed as element-wise but traced as
+    a matrix product (or the reverse) would make both classes' rates wrong."""
+    assert opcost.measured_class(measured) == opcost.aten_class(traced)
+
+
+class LSTMStep(Workload):
+    def __init__(self) -> None:
+        self.net = torch.nn.LSTM(12, 16, num_layers=2)
+
+    def setup(self, ctx: SetupContext) -> None:
+        self.optimizer = torch.optim.SGD(self.net.parameters(), lr=0.1)
+        self.x = torch.randn(5, ctx.batch_size, 12)
+
+    def step(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+        self.net(self.x)[0].sum().backward()
+        self.optimizer.step()
+
+    def modules(self) -> List[torch.nn.Module]:
+        return [self.net]
+
+
+def test_a_traced_lstm_counts_the_flops_torch_counts_for_its_matrix_products():
+    """oneDNN's RNN layer has no formula in FlopCounterMode; with oneDNN off, the same LSTM runs as matrix products
+    torch does count: both traces give the same FLOPs, and the layer is a matrix product in both."""
+    from mtbench.predict import rnn_workspace
+
+    if rnn_workspace.LAYER_OP is None:
+        pytest.skip(f"torch {torch.__version__} has no aten::mkldnn_rnn_layer")
+    ctx = SetupContext(device=torch.device("cpu"), batch_size=3, data=Synthetic(), seed=0, batches=1)
+    onednn = trace_step(LSTMStep, ctx)
+    with torch.backends.mkldnn.flags(enabled=False):
+        native = trace_step(LSTMStep, ctx)
+    assert onednn.op_classes["matmul"]["ops"] == 4  # two layers, forward and backward
+    forward = 2 * 5 * 3 * (4 * 16 * 12 + 4 * 16 * 16) + 2 * 5 * 3 * (4 * 16 * 16 + 4 * 16 * 16)
+    assert onednn.forward_flops == forward
+    assert onednn.flops == 3 * forward
+    # oneDNN's backward computes every gradient; torch's products skip the input's (x needs none) and, in each
+    # layer, the one of the zero initial hidden state (2 x batch x 4H x H)
+    skipped = 2 * 5 * 3 * (4 * 16 * 12) + 2 * (2 * 3 * 4 * 16 * 16)
+    assert native.flops + skipped == onednn.flops
+    assert onednn.op_classes["matmul"]["flops"] == onednn.flops
+
+
+@pytest.mark.parametrize("workload", ["lstm", "conv"])
+def test_a_fake_trace_counts_the_ops_and_bytes_a_real_step_runs(workload):
+    """On fake tensors the autograd engine's and kernels' reads of a tensor's device dispatch prim::device (4 of
+    every 5 ops of a BERT step); on real tensors nothing runs for them: both traces count the same ops and bytes."""
+    make = {"lstm": LSTMStep, "conv": lambda: DepthwiseConv(1)}[workload]
+    ctx = SetupContext(device=torch.device("cpu"), batch_size=3, data=Synthetic(), seed=0, batches=1)
+    fake, real = trace_step(make, ctx), trace_step(make, ctx, fake=False)
+    assert (fake.ops, fake.bytes_moved) == (real.ops, real.bytes_moved)
 
 
 class _FakePredictor:

@@ -31,10 +31,14 @@ _MATMUL = ("mm", "addmm", "bmm", "baddbmm", "addbmm", "matmul", "mv", "addmv", "
            "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
            "_scaled_dot_product_attention_math", "_scaled_dot_product_flash_attention_for_cpu",
            "_scaled_dot_product_cudnn_attention", "_flash_attention_forward", "_efficient_attention_forward")
+# a recurrent layer's time is its gate products (traced: oneDNN's RNN layer, with FLOPs from
+# rnn_workspace.layer_flops, and cuDNN's, whose flat weights give no FLOPs; measured: the aten::lstm row and its
+# backward node). A fused cell (_thnn_fused_lstm_cell) is only the gates' element-wise part: not one of these.
+_RNN = ("mkldnn_rnn", "cudnn_rnn", "miopen_rnn", "lstm", "gru", "rnn_tanh", "rnn_relu")
 _NORM = ("batch_norm", "layer_norm", "group_norm", "instance_norm")
 _REDUCTION = ("sum", "mean", "max", "min", "amax", "amin", "var", "std", "norm", "softmax", "log_softmax",
               "nll_loss", "cross_entropy", "pool", "cumsum", "prod", "topk", "argmax", "argmin", "logsumexp",
-              "embedding_dense_backward", "mse_loss", "binary_cross_entropy", "smooth_l1_loss")
+              "mse_loss", "binary_cross_entropy", "smooth_l1_loss")
 
 
 _OP_NAME = re.compile(r"^(\w+::\w+(\.\w+)?|\w+Backward\d+)$")  # aten::conv2d, ConvolutionBackward0
@@ -47,10 +51,13 @@ def aten_class(name: str) -> str:
     core = core.rstrip("_")
     if any(core.startswith(c.lstrip("_")) for c in _CONV) or "convolution" in core:
         return "conv"
-    if core in (m.lstrip("_") for m in _MATMUL) or "scaled_dot_product" in core or "attention" in core:
+    if core in (m.lstrip("_") for m in _MATMUL) or "scaled_dot_product" in core or "attention" in core or \
+            any(core.startswith(r) for r in _RNN):
         return "matmul"
     if any(n in core for n in _NORM):
         return "norm"
+    if core.startswith("normal"):  # random numbers (normal_), not a norm
+        return "elementwise"
     if any(r in core for r in _REDUCTION):
         return "reduction"
     return "elementwise"
@@ -70,7 +77,7 @@ def measured_class(name: str, device: str = "cpu") -> str:
             return "optimizer"
         if "conv" in low or "wgrad" in low or "dgrad" in low or "implicit_gemm" in low or "winograd" in low:
             return "conv"
-        if "gemm" in low or "gemv" in low or "matmul" in low or "cutlass" in low:
+        if "gemm" in low or "gemv" in low or "matmul" in low or "cutlass" in low or "rnn" in low or "lstm" in low:
             return "matmul"
         if "batch_norm" in low or "batchnorm" in low or "bn_" in low or "layer_norm" in low or "layernorm" in low:
             return "norm"
@@ -84,10 +91,12 @@ def measured_class(name: str, device: str = "cpu") -> str:
                      ("bmm", "matmul"), ("scaled_dot_product", "matmul"), ("einsum", "matmul")):
         if key in op:
             return cls
-    if op in ("mm", "mv", "dot", "addmv"):
+    if op in ("mm", "mv", "dot", "addmv") or any(op.replace("_", "").startswith(r.replace("_", "")) for r in _RNN):
         return "matmul"
     if any(n.replace("_", "") in op.replace("_", "") for n in _NORM):
         return "norm"
+    if op.startswith("normal"):  # random numbers (normal_), not a norm
+        return "elementwise"
     if any(r.replace("_", "") in op.replace("_", "") for r in _REDUCTION):
         return "reduction"
     return "elementwise"

@@ -39,6 +39,27 @@ def is_rnn_layer(func: Any) -> bool:
     return LAYER_OP is not None and func is LAYER_OP
 
 
+def is_rnn_backward(func: Any) -> bool:
+    """`aten::mkldnn_rnn_layer_backward`, the CPU LSTM/GRU layer's backward."""
+    return LAYER_OP is not None and func is getattr(torch.ops.aten, "mkldnn_rnn_layer_backward").default
+
+
+def layer_flops(func: Any, args: Tuple[Any, ...]) -> int:
+    """FLOPs of one oneDNN RNN layer op, which torch's FlopCounterMode counts as 0: the forward's gate products
+    over every position, 2 x positions x (|W_ih| + |W_hh|) (the element-wise gates are not counted, as for a
+    matrix product's bias); the backward's twice that (the input's and the weights' gradients), as torch counts a
+    matrix product's backward. The same figure the catalog's LSTM count gives (report/flops.py)."""
+    if LAYER_OP is None:
+        return 0
+    backward = is_rnn_backward(func)
+    if func is not LAYER_OP and not backward:
+        return 0
+    inp, w_ih, w_hh = args[0], args[1], args[2]
+    positions = inp.numel() // max(1, int(inp.shape[-1]))  # steps x batch, whatever the layout
+    forward = 2 * positions * (w_ih.numel() + w_hh.numel())
+    return 2 * forward if backward else forward
+
+
 def workspace_bytes(args: Tuple[Any, ...], kwargs: Dict[str, Any],
                     fresh_from: Optional[int] = GLIBC_MMAP_MAX) -> int:
     """Bytes of the workspace `aten::mkldnn_rnn_layer(*args)` returns on real tensors: none where gradients are off
