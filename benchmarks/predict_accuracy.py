@@ -1,20 +1,29 @@
 """Predictor accuracy and cost on this machine, side by side with measurement (issues 10, 21).
 
-    python benchmarks/predict_accuracy.py [--sweep DIR] [--batches 2,8,32] [--models a,b,...]
-        [--held-out a,b,...] [--steps 5] [--no-speed] [--maxbatch]
+    python benchmarks/predict_accuracy.py [--sweep DIR] [--batches 2,8,32] [--batches-for MODEL=B,B,B]
+        [--models a,b,...] [--held-out a,b,...] [--steps 5] [--no-speed] [--maxbatch]
     python benchmarks/predict_accuracy.py --all-models   # every model at batch 8: how it traced, peak, FLOPs
+
+Every model of conf/model, BERT at its own batches (about 35 minutes on 2 cores; a folder that holds some of the
+jobs gets only the rest):
+
+    python benchmarks/predict_accuracy.py --sweep DIR --batches-for bert=1,2,4 \
+        --models alexnet,bert,bidaf,char_rnn,dcgan,densenet100,densenet40,dqn,inceptionv1,mobilenetv2,resnet101,\
+resnet152,resnet50,seq2seq,squeezenet,vgg16,vgg19,xception \
+        --held-out densenet40,mobilenetv2,resnet101,vgg19,xception,bidaf,dqn,seq2seq
 
 Calibration and evaluation are disjoint by model: the --held-out models are only predicted, the sweep's other
 models only calibrate (profiled jobs: their ops.csv gives the per-op times of the per-op-class time model).
 
-1. Runs (or, with --sweep, reuses) a CPU sweep of the 12 CNNs at batch 2, 8, 32 (warm-up 1, 3 measured steps)
-   through mtbench's runner, each job in a fresh process that also records its resident memory before the
-   model was built. Run it under the heavy lock (about 25 minutes on 2 busy cores).
-2. Traces every job on fake tensors, then splits the (model, batch) runs in two halves (alternating in
-   (model, batch) order), calibrates on one (`mtbench calibrate`'s fit) and predicts the other.
+1. Runs a CPU sweep (default: the 12 CNNs at batch 2, 8, 32; warm-up 1, --steps measured steps) through mtbench's
+   runner, each job in a fresh process that also records its resident memory before the model was built; with
+   --sweep, the jobs already in the folder are not run again. Run it alone on the machine (the 12 CNNs: about 25
+   minutes on 2 cores).
+2. Traces every job on fake tensors, calibrates on the calibration models' jobs (`mtbench calibrate`'s fit) and
+   predicts the held-out ones.
 3. Memory: predicted training memory (tensors + runtime) against the measured one (peak resident memory over
-   the measured steps less the resident memory before the model was built); goal median error <= 5 %, worst
-   <= 10 %. Time: mean absolute percentage error of the step time; goal <= 15 %.
+   the measured steps less the resident memory before the model was built); goal median error <= 3 %, worst
+   <= 8 %. Time: mean absolute percentage error of the step time; goal <= 10 %.
 4. Speed: BERT at batch 64 predicted in a fresh process: wall time (goal <= 10 s) and peak resident memory
    (goal <= 1 GB), also printed less the process's memory after importing torch (the predictor's own part).
 """
@@ -245,6 +254,14 @@ def main() -> None:
           f"median spread of the measured steps {statistics.median(spread):.0f} %)   |   training memory MAPE "
           f"{statistics.mean(mem_err):.1f} %, median {statistics.median(mem_err):.1f} % (goal <= 3), worst "
           f"{max(mem_err):.1f} % (goal <= 8)")
+    kinds = {"CNNs": [i for i, s in enumerate(test_runs) if s["model"] in CNNS],
+             "the other models": [i for i, s in enumerate(test_runs) if s["model"] not in CNNS]}
+    if all(kinds.values()):
+        print("  by kind: " + "; ".join(
+            f"{name} ({len(ix)} runs): step time MAPE "
+            f"{mape_pct([time_pred[i] for i in ix], [time_meas[i] for i in ix]):.1f} %, memory median "
+            f"{statistics.median([mem_err[i] for i in ix]):.1f} %, worst {max(mem_err[i] for i in ix):.1f} %"
+            for name, ix in kinds.items()))
     print(f"after the predictions: {quiet()}")
     if args.maxbatch:  # from a fresh process: this one ran autograd (the traces), and each probe is a fork
         subprocess.run([sys.executable, "-c", "from benchmarks.predict_accuracy import MAXBATCH_MODELS, "
