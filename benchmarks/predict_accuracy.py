@@ -219,7 +219,8 @@ def main() -> None:
     runs = sorted(read_summaries(folder), key=lambda s: (s["model"], s["batch_size"]))
     runs = [s for s in runs if (s["model"], int(s["batch_size"])) in set(jobs)]
     fit_runs, test_runs = split_by_model(runs, [m for m in held_out if any(s["model"] == m for s in runs)])
-    predictor = Predictor(target_name="none", device="cpu", overrides=("warmup=1", f"steps={args.steps}"))
+    predictor = Predictor(target_name="none", device="cpu", overrides=("warmup=1", f"steps={args.steps}"),
+                          stored_calibration=False)
     t0 = time.monotonic()
     for s in runs:
         predictor.trace(s["model"], int(s["batch_size"]))

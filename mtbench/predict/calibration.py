@@ -55,6 +55,9 @@ class Calibration:
     op_features: List[str] = field(default_factory=list)  # the names of op_coef's entries
     op_fit_mape_pct: Optional[float] = None  # step time, on the runs it was fitted on
     op_profiled_runs: int = 0  # runs whose measured per-op times (ops.csv) were fitted, beside every run's step
+    # the last-level cache the traces modelled (a matrix product's re-read of what the step touched within it is not
+    # counted in its bytes): predictions with this calibration trace with the same; None: made before it (none)
+    cache_bytes: Optional[int] = None
     # training memory that is not tensors = non_tensor_bytes + non_tensor_per_op_bytes * ops
     #                                       + non_tensor_per_transient_byte * transient tensor bytes at the peak
     #                                       + non_tensor_per_conv_weight_byte * convolution weight bytes

@@ -72,7 +72,7 @@ def calibrate(folder: Path, target: Optional[str] = None, out: Optional[str] = N
             raise UsageError(f"{folder} mixes targets {', '.join(targets)}; say which with target=T")
         target = targets[0]
     if predictor is None:
-        predictor = Predictor(target_name=target, device=device, overrides=tuple(overrides))
+        predictor = Predictor(target_name=target, device=device, overrides=tuple(overrides), stored_calibration=False)
     predictor.calibration = None  # fit from the traces alone
     t = predictor.target
     scaled = device == "cuda" and t.peak_fp32_flops is not None and t.dram_bandwidth_bytes_per_s is not None
@@ -129,7 +129,7 @@ def calibrate(folder: Path, target: Optional[str] = None, out: Optional[str] = N
         time_coef=None if coef is None else [float(c) for c in coef], time_scaled=scaled,
         time_fit_mape_pct=fit_mape, runs_used=used, time_stat=time_stat,
         op_coef=None if op_coef is None else [float(c) for c in op_coef], op_features=list(opcost.FEATURES),
-        op_fit_mape_pct=op_mape, op_profiled_runs=op_profiled,
+        op_fit_mape_pct=op_mape, op_profiled_runs=op_profiled, cache_bytes=int(getattr(predictor, "cache_bytes", 0)),
     )
     if len(residuals) >= 4:  # a constant, per op, per transient byte, per conv weight byte: relative error, all >= 0
         c = calibration.fit_nonnegative(np.array(mem_x), np.array(residuals, float),

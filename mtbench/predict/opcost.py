@@ -218,6 +218,35 @@ def describe(coef: Sequence[float]) -> str:
     return ", ".join(out)
 
 
+class RecentReads:
+    """The storages the step's ops touched last, up to `capacity` bytes (least recently used out first): a model of
+    the cache a tensor read again soon is served from."""
+
+    def __init__(self, capacity: int) -> None:
+        import collections
+
+        self.capacity, self.size = capacity, 0
+        self.held: "collections.OrderedDict[int, int]" = collections.OrderedDict()
+
+    def touch(self, tensors: Any) -> int:
+        """Bytes of `tensors` found in the cache; all of them are then its most recent."""
+        import torch
+
+        hit = 0
+        for t in tensors:
+            if not isinstance(t, torch.Tensor):
+                continue
+            key, nbytes = t.untyped_storage()._cdata, t.numel() * t.element_size()
+            if key in self.held:
+                hit += nbytes
+                self.size -= self.held.pop(key)
+            self.held[key] = nbytes
+            self.size += nbytes
+            while self.size > self.capacity and self.held:
+                self.size -= self.held.popitem(last=False)[1]
+        return hit
+
+
 def conv_groups(func: Any, args: Any) -> int:
     """`groups` of aten.convolution (argument 8) and aten.convolution_backward (argument 9); 1 for others."""
     index = {"aten::convolution": 8, "aten::convolution_backward": 9, "aten::_convolution": 8}.get(func._schema.name)

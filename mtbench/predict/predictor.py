@@ -103,6 +103,7 @@ class Predictor:
     device: str = "auto"  # "cpu", "cuda" or "auto": target none, cuda when this host has one; a board, its GPU
     overrides: Sequence[str] = ()  # further config overrides (model.workload.seq_len=128, target.memory_budget_bytes=N)
     calibration_path: Optional[str] = None  # a calibration file instead of the stored one for this target and device
+    stored_calibration: bool = True  # False: no calibration, and the trace models this host's cache (calibrate's use)
     job_config: Any = None  # a job's composed config: predict that job at other batches (the planner's use)
     _traces: Dict[Tuple[str, int], Tuple[StepTrace, str]] = field(default_factory=dict)
 
@@ -123,7 +124,22 @@ class Predictor:
             # a Jetson trains on its GPU; device=cpu with a board: a CPU job held to the board's budget
             self.device = "cuda" if torch.cuda.is_available() or not self.target.is_none else "cpu"
         key = calibration.calibration_key(self.target.name, self.device)
-        self.calibration = calibration.load(key, self.calibration_path)
+        self.calibration = calibration.load(key, self.calibration_path) if self.stored_calibration else None
+        self.cache_bytes, self.cache_note = self._cache()
+
+    def _cache(self) -> Tuple[int, str]:
+        """The last-level cache the trace models (opcost.RecentReads): a calibration's own (it was fitted with it;
+        one made before it has none: 0), else this host's where the job would train here, else none."""
+        from mtbench.device.caches import cpu_last_level_cache_bytes, gpu_l2_cache_bytes
+
+        if self.calibration is not None:
+            size = int(self.calibration.cache_bytes or 0)
+            return size, f"{size / 2**20:g} MiB, as the calibration was fitted"
+        here = cpu_last_level_cache_bytes() if self.device == "cpu" else (
+            gpu_l2_cache_bytes() if self.target.is_none else None)
+        if here is None:
+            return 0, "not known for this device: every re-read of a matrix product counts"
+        return here, f"{here / 2**20:g} MiB, this host's {'CPU last-level cache' if self.device == 'cpu' else 'GPU L2'}"
 
     def clear_traces(self) -> None:
         """Forget the cached traces (a memory plan changes what a (model, batch) trace holds)."""
@@ -190,6 +206,7 @@ class Predictor:
 
         try:
             trace = trace_step(make, ctx, cuda_optimizers=self.device == "cuda", later_steps=later,
+                               cache_bytes=self.cache_bytes,
                                fresh_mapping_bytes=self._fresh_mapping_bytes())
             return held(trace), f"fake tensors on {trace_device.type}"
         except UsageError:
@@ -198,7 +215,8 @@ class Predictor:
             why = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
         cpu_ctx = SetupContext(device=torch.device("cpu"), batch_size=batch, data=ctx.data, seed=ctx.seed,
                                batches=1)
-        trace = trace_step(make, cpu_ctx, fake=False, cuda_optimizers=self.device == "cuda", later_steps=later)
+        trace = trace_step(make, cpu_ctx, fake=False, cuda_optimizers=self.device == "cuda", later_steps=later,
+                           cache_bytes=self.cache_bytes)
         return held(trace), f"real tensors on cpu (allocates; on fake tensors: {why})"
 
     def _fresh_mapping_bytes(self) -> Optional[int]:

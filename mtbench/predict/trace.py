@@ -82,6 +82,7 @@ class _StepCounter(torch.utils._python_dispatch.TorchDispatchMode):
         self.in_optimizer = False  # set by the optimizers' step hooks: the update is a class of its own
         self.fresh_mapping_bytes: Optional[int] = None  # a CPU's malloc maps allocations this large fresh (None: GPU)
         self._class_of: Dict[Any, str] = {}
+        self.recent = opcost.RecentReads(0)  # what the last ops touched: a matrix product's re-read is from cache
         self.values = WeakIdKeyDictionary()  # fake tensor -> real CPU tensor with its values
 
     def value_of(self, t: Any) -> Any:
@@ -212,7 +213,8 @@ class _StepCounter(torch.utils._python_dispatch.TorchDispatchMode):
                 cls = self._class_of[func] = opcost.aten_class(func._schema.name)
             figures = self.classes[cls]
             figures["ops"] += 1
-            figures["bytes"] += moved
+            hit = self.recent.touch(torch.utils._pytree.tree_leaves((args, kwargs, out)))
+            figures["bytes"] += moved - (hit if cls == "matmul" else 0)
             figures["flops"] += added
             if cls == "conv" and groups > 1:
                 figures["grouped_flops"] += added
@@ -250,7 +252,7 @@ _METADATA_OPS |= {torch.ops.prim.device.default} if hasattr(torch.ops.prim, "dev
 
 def trace_step(make_workload: Callable[[], Workload], ctx: SetupContext, fake: bool = True,
                cuda_optimizers: bool = False, later_steps: int = 0,
-               fresh_mapping_bytes: Optional[int] = rnn_workspace.GLIBC_MMAP_MAX) -> StepTrace:
+               fresh_mapping_bytes: Optional[int] = rnn_workspace.GLIBC_MMAP_MAX, cache_bytes: int = 0) -> StepTrace:
     """Build the workload (`make_workload()`), set it up and run two training steps on fake tensors; measure the second.
 
     Nothing is allocated: every tensor is a FakeTensor (shape, dtype, device only), also on a device this
@@ -260,6 +262,8 @@ def trace_step(make_workload: Callable[[], Workload], ctx: SetupContext, fake: b
     With cuda_optimizers, optimizers take the multi-tensor (foreach) path they take on a CUDA GPU, whatever
     device is traced (its temporaries, e.g. a weight-decayed copy of every gradient, are part of the peak).
     fresh_mapping_bytes: on a CPU, the size from which malloc maps an allocation fresh (rnn_workspace; None: never).
+    cache_bytes: the last-level cache of the device; a matrix product's input that is among the last `cache_bytes`
+    the step touched does not count in its class's bytes (opcost.RecentReads; 0: every byte counts).
     """
     from torch.utils.flop_counter import FlopCounterMode
 
@@ -280,7 +284,7 @@ def trace_step(make_workload: Callable[[], Workload], ctx: SetupContext, fake: b
         tracker = torch_internals.new_recording_tracker()
         inputs_bytes, state_bytes = _track_state(tracker, workload)
         counter.ops = counter.bytes_moved = counter.forward_flops = counter.flops_fix = 0
-        counter.classes = opcost.empty_classes()
+        counter.classes, counter.recent = opcost.empty_classes(), opcost.RecentReads(cache_bytes)
         with tracker, flops, counter, opcost.optimizer_marked(counter):
             workload.step()
         peak = tracker.get_tracker_snapshot("peak")
@@ -294,14 +298,9 @@ def trace_step(make_workload: Callable[[], Workload], ctx: SetupContext, fake: b
         breakdown_bytes=parts,
         inputs_bytes=inputs_bytes,
         state_bytes=state_bytes,
-        flops=int(flops.get_total_flops() + counter.flops_fix),
-        forward_flops=int(counter.forward_flops),
-        bytes_moved=int(counter.bytes_moved),
-        ops=int(counter.ops),
-        op_classes=counter.classes,
-        events=tracker.events,
-        trace_s=time.monotonic() - start,
-        host_bytes=int(host),
+        flops=int(flops.get_total_flops() + counter.flops_fix), forward_flops=int(counter.forward_flops),
+        bytes_moved=int(counter.bytes_moved), ops=int(counter.ops), op_classes=counter.classes,
+        events=tracker.events, trace_s=time.monotonic() - start, host_bytes=int(host),
     )
 
 
