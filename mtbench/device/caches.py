@@ -8,7 +8,7 @@ from typing import Optional
 
 from mtbench.regular_files import read_head
 
-CPU_CACHES = "/sys/devices/system/cpu/cpu0/cache"  # index<N>/{level,type,size} (Documentation/ABI: sysfs-devices-system-cpu)
+CPU_CACHES = "/sys/devices/system/cpu/cpu0/cache"  # index<N>/{level,type,size} (ABI: sysfs-devices-system-cpu)
 _SIZE = re.compile(r"^(\d+)([KMG]?)$")
 _SHIFT = {"": 0, "K": 10, "M": 20, "G": 30}
 

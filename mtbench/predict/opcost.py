@@ -236,7 +236,10 @@ class RecentReads:
         for t in tensors:
             if not isinstance(t, torch.Tensor):
                 continue
-            key, nbytes = t.untyped_storage()._cdata, t.numel() * t.element_size()
+            try:
+                key, nbytes = t.untyped_storage()._cdata, t.numel() * t.element_size()
+            except (RuntimeError, NotImplementedError):  # a tensor without one storage (sparse, nested): no hit
+                continue
             if key in self.held:
                 hit += nbytes
                 self.size -= self.held.pop(key)

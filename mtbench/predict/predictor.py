@@ -280,7 +280,8 @@ class Predictor:
             roofline = max(trace.flops / peak_flops, trace.bytes_moved / bandwidth)
         cal = self.calibration
         if cal is not None and cal.op_coef is not None and list(cal.op_features) == list(opcost.FEATURES):
-            return float(opcost.step_features(trace.op_classes) @ np.array(cal.op_coef)), roofline, cal.describe()
+            return (float(opcost.step_features(trace.op_classes) @ np.array(cal.op_coef)), roofline,
+                    f"{cal.describe()}; cache modelled: {self.cache_note}")
         if cal is not None and cal.time_coef is not None:
             if cal.time_scaled and not (peak_flops and bandwidth):
                 return None, roofline, f"the calibration is scaled by peak figures target {self.target.name} lacks"
