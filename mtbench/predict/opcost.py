@@ -35,6 +35,8 @@ _MATMUL = ("mm", "addmm", "bmm", "baddbmm", "addbmm", "matmul", "mv", "addmv", "
 # rnn_workspace.layer_flops, and cuDNN's, whose flat weights give no FLOPs; measured: the aten::lstm row and its
 # backward node). A fused cell (_thnn_fused_lstm_cell) is only the gates' element-wise part: not one of these.
 _RNN = ("mkldnn_rnn", "cudnn_rnn", "miopen_rnn", "lstm", "gru", "rnn_tanh", "rnn_relu")
+# A CPU GRU or plain RNN (and an LSTM cell) has no oneDNN layer: it is traced as matrix products and element-wise
+# gates, while its measured row (aten::gru, a composite) holds both; most of that is the products, so the row is one
 _NORM = ("batch_norm", "layer_norm", "group_norm", "instance_norm")
 _REDUCTION = ("sum", "mean", "max", "min", "amax", "amin", "var", "std", "norm", "softmax", "log_softmax",
               "nll_loss", "cross_entropy", "pool", "cumsum", "prod", "topk", "argmax", "argmin", "logsumexp",
@@ -51,12 +53,12 @@ def aten_class(name: str) -> str:
     core = core.rstrip("_")
     if any(core.startswith(c.lstrip("_")) for c in _CONV) or "convolution" in core:
         return "conv"
-    if core in (m.lstrip("_") for m in _MATMUL) or "scaled_dot_product" in core or "attention" in core or \
-            any(core.startswith(r) for r in _RNN):
+    if core in (m.lstrip("_") for m in _MATMUL) or "scaled_dot_product" in core or "attention" in core or (
+            any(core.startswith(r) for r in _RNN) and "flatten" not in core and "cell" not in core):
         return "matmul"
     if any(n in core for n in _NORM):
         return "norm"
-    if core.startswith("normal"):  # random numbers (normal_), not a norm
+    if "normal" in core:  # random numbers (normal_, log_normal_), not a norm
         return "elementwise"
     if any(r in core for r in _REDUCTION):
         return "reduction"
@@ -77,7 +79,8 @@ def measured_class(name: str, device: str = "cpu") -> str:
             return "optimizer"
         if "conv" in low or "wgrad" in low or "dgrad" in low or "implicit_gemm" in low or "winograd" in low:
             return "conv"
-        if "gemm" in low or "gemv" in low or "matmul" in low or "cutlass" in low or "rnn" in low or "lstm" in low:
+        if "gemm" in low or "gemv" in low or "matmul" in low or "cutlass" in low or (
+                ("rnn" in low or "lstm" in low) and "cell" not in low):  # cuDNN's RNN kernels; a fused cell: gates
             return "matmul"
         if "batch_norm" in low or "batchnorm" in low or "bn_" in low or "layer_norm" in low or "layernorm" in low:
             return "norm"
@@ -91,11 +94,12 @@ def measured_class(name: str, device: str = "cpu") -> str:
                      ("bmm", "matmul"), ("scaled_dot_product", "matmul"), ("einsum", "matmul")):
         if key in op:
             return cls
-    if op in ("mm", "mv", "dot", "addmv") or any(op.replace("_", "").startswith(r.replace("_", "")) for r in _RNN):
+    if op in ("mm", "mv", "dot", "addmv") or (any(op.replace("_", "").startswith(r.replace("_", "")) for r in _RNN)
+                                              and "flatten" not in op):
         return "matmul"
     if any(n.replace("_", "") in op.replace("_", "") for n in _NORM):
         return "norm"
-    if op.startswith("normal"):  # random numbers (normal_), not a norm
+    if "normal" in op:  # random numbers (normal_, log_normal_), not a norm
         return "elementwise"
     if any(r.replace("_", "") in op.replace("_", "") for r in _REDUCTION):
         return "reduction"
@@ -219,17 +223,21 @@ def describe(coef: Sequence[float]) -> str:
 
 
 class RecentReads:
-    """The storages the step's ops touched last, up to `capacity` bytes (least recently used out first): a model of
-    the cache a tensor read again soon is served from."""
+    """The tensors the step's ops touched last, up to `capacity` bytes (least recently used out first): a model of
+    the cache a tensor read again soon is served from. A tensor is its storage, offset and size (a weight and its
+    transpose are one; two rows of one batch are two), and a hit needs the same storage alive: a freed storage's
+    address, which the next allocation may take, is not a hit."""
 
     def __init__(self, capacity: int) -> None:
         import collections
 
         self.capacity, self.size = capacity, 0
-        self.held: "collections.OrderedDict[int, int]" = collections.OrderedDict()
+        self.held: "collections.OrderedDict[tuple, tuple]" = collections.OrderedDict()  # key -> (bytes, weakref)
 
     def touch(self, tensors: Any) -> int:
         """Bytes of `tensors` found in the cache; all of them are then its most recent."""
+        import weakref
+
         import torch
 
         hit = 0
@@ -237,16 +245,19 @@ class RecentReads:
             if not isinstance(t, torch.Tensor):
                 continue
             try:
-                key, nbytes = t.untyped_storage()._cdata, t.numel() * t.element_size()
-            except (RuntimeError, NotImplementedError):  # a tensor without one storage (sparse, nested): no hit
+                storage = t.untyped_storage()
+                key, nbytes = (storage._cdata, t.storage_offset(), t.numel()), t.numel() * t.element_size()
+                ref = weakref.ref(storage)
+            except (RuntimeError, NotImplementedError, TypeError):  # no single storage (sparse, nested): no hit
                 continue
-            if key in self.held:
-                hit += nbytes
-                self.size -= self.held.pop(key)
-            self.held[key] = nbytes
+            old = self.held.pop(key, None)
+            if old is not None:
+                self.size -= old[0]
+                hit += nbytes if old[1]() is storage else 0
+            self.held[key] = (nbytes, ref)
             self.size += nbytes
             while self.size > self.capacity and self.held:
-                self.size -= self.held.popitem(last=False)[1]
+                self.size -= self.held.popitem(last=False)[1][0]
         return hit
 
 

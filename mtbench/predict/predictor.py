@@ -133,7 +133,10 @@ class Predictor:
         from mtbench.device.caches import cpu_last_level_cache_bytes, gpu_l2_cache_bytes
 
         if self.calibration is not None:
-            size = int(self.calibration.cache_bytes or 0)
+            try:
+                size = max(0, int(self.calibration.cache_bytes or 0))
+            except (TypeError, ValueError):  # a hand-edited file: no cache, as a calibration made before it
+                size = 0
             return size, f"{size / 2**20:g} MiB, as the calibration was fitted"
         here = cpu_last_level_cache_bytes() if self.device == "cpu" else (
             gpu_l2_cache_bytes() if self.target.is_none else None)
