@@ -35,12 +35,12 @@ LAYER_OP = _layer_op()
 
 
 def is_rnn_layer(func: Any) -> bool:
-    """`aten::mkldnn_rnn_layer`, the CPU's LSTM/GRU layer when oneDNN is enabled (training keeps its workspace)."""
+    """`aten::mkldnn_rnn_layer`, the CPU's LSTM layer when oneDNN is enabled (training keeps its workspace)."""
     return LAYER_OP is not None and func is LAYER_OP
 
 
 def is_rnn_backward(func: Any) -> bool:
-    """`aten::mkldnn_rnn_layer_backward`, the CPU LSTM/GRU layer's backward."""
+    """`aten::mkldnn_rnn_layer_backward`, the CPU LSTM layer's backward."""
     return LAYER_OP is not None and func is getattr(torch.ops.aten, "mkldnn_rnn_layer_backward").default
 
 
