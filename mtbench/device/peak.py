@@ -191,12 +191,16 @@ class PeakMemory:
                 "mem_peak_reserved_bytes": int(torch.cuda.max_memory_reserved(self.device)),
                 "mem_baseline_bytes": self.baseline_bytes,
             }
-        hwm = _read_hwm_bytes() if self._hwm_resettable else None
-        if hwm is not None:
+        hwm = _read_hwm_bytes()
+        if hwm is not None and self._hwm_resettable:
             return {"mem_peak_bytes": hwm, "mem_peak_source": "process_rss", "mem_baseline_bytes": self.baseline_bytes}
-        # no resettable high-water mark: ru_maxrss (KiB on Linux) is the whole process's lifetime peak
-        return {
-            "mem_peak_bytes": int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024,
-            "mem_peak_source": "process_ru_maxrss",
-            "mem_baseline_bytes": None,
-        }
+        if hwm is not None:  # VmHWM that cannot be reset: the peak since this program started (exec), warm-up included
+            return {"mem_peak_bytes": hwm, "mem_peak_source": "process_hwm_lifetime", "mem_baseline_bytes": None}
+        # no /proc (not Linux): ru_maxrss, the lifetime peak, which Linux would carry across exec from the parent
+        return {"mem_peak_bytes": ru_maxrss_bytes(), "mem_peak_source": "process_ru_maxrss", "mem_baseline_bytes": None}
+
+
+def ru_maxrss_bytes() -> int:
+    """getrusage's ru_maxrss in bytes: KiB on Linux, bytes on macOS."""
+    scale = 1 if sys.platform == "darwin" else 1024
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * scale
