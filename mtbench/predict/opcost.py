@@ -31,9 +31,9 @@ _MATMUL = ("mm", "addmm", "bmm", "baddbmm", "addbmm", "matmul", "mv", "addmv", "
            "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
            "_scaled_dot_product_attention_math", "_scaled_dot_product_flash_attention_for_cpu",
            "_scaled_dot_product_cudnn_attention", "_flash_attention_forward", "_efficient_attention_forward")
-# a recurrent layer's time is its gate products (traced: oneDNN's RNN layer, with FLOPs from
-# rnn_workspace.layer_flops, and cuDNN's, whose flat weights give no FLOPs; measured: the aten::lstm row and its
-# backward node). A fused cell (_thnn_fused_lstm_cell) is only the gates' element-wise part: not one of these.
+# a recurrent layer's time is its gate products (traced: oneDNN's RNN layer and cuDNN's and MIOpen's whole stacks,
+# with FLOPs from rnn_workspace.layer_flops; measured: the aten::lstm row and its backward node). A fused cell
+# (_thnn_fused_lstm_cell) is only the gates' element-wise part: not one of these.
 _RNN = ("mkldnn_rnn", "cudnn_rnn", "miopen_rnn", "lstm", "gru", "rnn_tanh", "rnn_relu")
 # A CPU GRU or plain RNN (and an LSTM cell) has no oneDNN layer: it is traced as matrix products and element-wise
 # gates, while its measured row (aten::gru, a composite) holds both; most of that is the products, so the row is one

@@ -48,9 +48,11 @@ def layer_flops(func: Any, args: Tuple[Any, ...]) -> int:
     """FLOPs of one oneDNN RNN layer op, which torch's FlopCounterMode counts as 0: the forward's gate products
     over every position, 2 x positions x (|W_ih| + |W_hh|) (the element-wise gates are not counted, as for a
     matrix product's bias); the backward's twice that (the input's and the weights' gradients), as torch counts a
-    matrix product's backward. The same figure the catalog's LSTM count gives (report/flops.py)."""
-    if LAYER_OP is None:
-        return 0
+    matrix product's backward. The same figure the catalog's LSTM count gives (report/flops.py). cuDNN's and
+    MIOpen's whole-stack ops are counted by stack_flops."""
+    stack = stack_flops(func, args)
+    if stack or LAYER_OP is None:
+        return stack
     backward = is_rnn_backward(func)
     if func is not LAYER_OP and not backward:
         return 0
@@ -58,6 +60,27 @@ def layer_flops(func: Any, args: Tuple[Any, ...]) -> int:
     positions = inp.numel() // max(1, int(inp.shape[-1]))  # steps x batch, whatever the layout
     forward = 2 * positions * (w_ih.numel() + w_hh.numel())
     return 2 * forward if backward else forward
+
+
+_STACK_OPS = ("aten::_cudnn_rnn", "aten::miopen_rnn")
+_STACK_BACKWARD_OPS = ("aten::_cudnn_rnn_backward", "aten::miopen_rnn_backward")
+
+
+def stack_flops(func: Any, args: Tuple[Any, ...]) -> int:
+    """FLOPs of a GPU's whole recurrent stack in one op (`_cudnn_rnn`, `miopen_rnn`; FlopCounterMode: 0): every
+    matrix of its `weight` list (each layer's and direction's W_ih, W_hh and, with proj_size, W_hr; not the
+    biases) multiplies a vector at every position, 2 x positions x |W|. The backward computes the data gradients
+    always and the weights' where output_mask[3] asks: once or twice the forward."""
+    name = func._schema.name
+    if name not in _STACK_OPS and name not in _STACK_BACKWARD_OPS:
+        return 0
+    inp, weights = args[0], args[1]
+    positions = inp.numel() // max(1, int(inp.shape[-1]))  # steps x batch, or the packed rows
+    forward = 2 * positions * sum(int(w.numel()) for w in weights if w.dim() == 2)
+    if name in _STACK_OPS:
+        return forward
+    mask = args[-1] if isinstance(args[-1], (list, tuple)) else (True, True, True, True)
+    return forward * (1 + int(bool(mask[3])))
 
 
 def workspace_bytes(args: Tuple[Any, ...], kwargs: Dict[str, Any],
