@@ -1,4 +1,5 @@
-"""A CPU job's peak memory where VmHWM cannot be reset: this program's own peak, not its parent's size."""
+"""A CPU job's peak memory where VmHWM cannot be reset: a program started by exec reports its own peak, not the
+size ru_maxrss carries over from the process that started it."""
 from __future__ import annotations
 
 import json
@@ -31,8 +32,9 @@ def test_an_unresettable_peak_is_the_jobs_own_not_the_size_of_the_process_that_s
     child = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, timeout=120, check=True)
     got = json.loads(child.stdout.strip().splitlines()[-1])
     del parent
-    # Linux carries the parent's resident size across fork and exec into ru_maxrss: the old figure held it
-    assert got["ru_maxrss"] >= 0.9 * rss, (got, rss)
+    # Linux carries the forked copy's resident size across exec into ru_maxrss (all of it under vfork; under plain
+    # fork, at least the written pages): the old figure held the parent's 768 MiB
+    assert got["ru_maxrss"] >= 768 << 20, (got, rss)
     assert got["mem_peak_source"] == "process_hwm_lifetime" and got["mem_baseline_bytes"] is None
     assert 32 << 20 < got["mem_peak_bytes"] < rss - (512 << 20), (got, rss)
 
@@ -42,6 +44,7 @@ def test_without_proc_the_peak_is_ru_maxrss_and_says_so(monkeypatch):
     monkeypatch.setattr(peak, "_reset_hwm", lambda: False)
     p = peak.PeakMemory(torch.device("cpu"))
     p.reset()
+    rss, before = peak.current_rss_bytes(), peak.ru_maxrss_bytes()
     got = p.read()
     assert got["mem_peak_source"] == "process_ru_maxrss" and got["mem_baseline_bytes"] is None
-    assert got["mem_peak_bytes"] == peak.ru_maxrss_bytes() >= peak.current_rss_bytes()
+    assert rss <= before <= got["mem_peak_bytes"] <= peak.ru_maxrss_bytes()  # KiB on Linux, read as bytes

@@ -178,32 +178,38 @@ def test_a_traced_lstm_counts_the_flops_torch_counts_for_its_matrix_products():
     assert onednn.op_classes["matmul"]["flops"] == onednn.flops
 
 
-@pytest.mark.parametrize("proj,bidirectional,packed", [(0, False, False), (6, True, False), (0, True, True)])
-def test_a_cudnn_lstm_stack_counts_the_flops_torch_counts_for_its_matrix_products(proj, bidirectional, packed):
-    """cuDNN runs a whole LSTM stack as one op (`_cudnn_rnn`) that FlopCounterMode counts as 0; its arguments (as
-    torch's cuDNN path passes them: the module's flat weights, the packed rows) give the FLOPs torch counts for the
-    same LSTM run as matrix products on a CPU, projections, both directions and packed sequences included."""
+@pytest.mark.parametrize("kind,proj,bidirectional,packed", [("LSTM", 0, False, False), ("LSTM", 6, True, False),
+                                                             ("LSTM", 0, True, True), ("GRU", 0, True, False)])
+def test_a_cudnn_rnn_stack_counts_the_flops_torch_counts_for_its_matrix_products(kind, proj, bidirectional, packed):
+    """cuDNN runs a whole recurrent stack as one op (`_cudnn_rnn`) that FlopCounterMode counts as 0; its arguments
+    (as torch's cuDNN path passes them: the module's flat weights, the packed rows) give the FLOPs torch counts for
+    the same stack run as matrix products on a CPU, projections, both directions and packed sequences included."""
     from torch.nn.utils.rnn import pack_padded_sequence
     from torch.utils.flop_counter import FlopCounterMode
 
     from mtbench.predict import rnn_workspace
 
-    lstm = torch.nn.LSTM(12, 16, num_layers=2, proj_size=proj, bidirectional=bidirectional)
+    extra = {"proj_size": proj} if kind == "LSTM" else {}
+    rnn = getattr(torch.nn, kind)(12, 16, num_layers=2, bidirectional=bidirectional, **extra)
     x = torch.randn(5, 3, 12)
     data = pack_padded_sequence(x, [5, 3, 2]) if packed else x
     with torch.backends.mkldnn.flags(enabled=False), torch.no_grad(), FlopCounterMode(display=False) as counter:
-        lstm(data)
+        rnn(data)
     inp, sizes = (data.data, list(data.batch_sizes)) if packed else (x, [])
     layers, out = 2 * (2 if bidirectional else 1), proj or 16
-    hx, cx = torch.zeros(layers, 3, out), torch.zeros(layers, 3, 16)
-    args = (inp, lstm._flat_weights, 5 if proj else 4, None, hx, cx, 2, 16, proj, 2, False, 0.0, True,
-            bidirectional, sizes, None)
+    hx, cx = torch.zeros(layers, 3, out), (torch.zeros(layers, 3, 16) if kind == "LSTM" else None)
+    mode = {"LSTM": 2, "GRU": 3}[kind]  # cuDNN's modes: RNN_RELU 0, RNN_TANH 1, LSTM 2, GRU 3
+    args = (inp, rnn._flat_weights, (4 if rnn.bias else 2) + int(bool(proj)), None, hx, cx, mode, 16, proj, 2,
+            False, 0.0, True, bidirectional, sizes, None)
     forward = rnn_workspace.layer_flops(torch.ops.aten._cudnn_rnn.default, args)
     assert forward == counter.get_total_flops() > 0
+    # the backward: the data gradients always, the weights' where output_mask[3] asks; nothing without a gradient
     backward = torch.ops.aten._cudnn_rnn_backward.default
-    grads = args[:6] + (None,) * 4 + args[6:] + (None, [True, True, True, True])
+    output = torch.zeros(inp.shape[:-1] + (out * (2 if bidirectional else 1),))
+    grads = args[:6] + (output, torch.ones_like(output), None, None) + args[6:] + (None, [True, False, False, True])
     assert rnn_workspace.layer_flops(backward, grads) == 2 * forward
-    assert rnn_workspace.layer_flops(backward, grads[:-1] + ([True, True, True, False],)) == forward  # no dW
+    assert rnn_workspace.layer_flops(backward, grads[:-1] + ([True, False, False, False],)) == forward
+    assert rnn_workspace.layer_flops(backward, args[:6] + (output, None, None, None) + grads[10:]) == 0
     assert rnn_workspace.layer_flops(torch.ops.aten._cudnn_rnn_flatten_weight.default, args) == 0
 
 

@@ -14,7 +14,7 @@ from mtbench.device.targets import Target
 # threshold fixed (peak.hold_malloc_to_live_memory), so that its resident peak is what it holds.
 _PEAK_SOURCES = {
     "process_rss": "the process's resident high-water mark (VmHWM) over the measured steps",
-    "process_hwm_lifetime": "the process's resident high-water mark (VmHWM) since the job started, warm-up included",
+    "process_hwm_lifetime": "the process's resident high-water mark (VmHWM), not reset: its lifetime peak",
     "process_ru_maxrss": "the process's lifetime resident peak (ru_maxrss)",
 }
 

@@ -194,7 +194,10 @@ class PeakMemory:
         hwm = _read_hwm_bytes()
         if hwm is not None and self._hwm_resettable:
             return {"mem_peak_bytes": hwm, "mem_peak_source": "process_rss", "mem_baseline_bytes": self.baseline_bytes}
-        if hwm is not None:  # VmHWM that cannot be reset: the peak since this program started (exec), warm-up included
+        # VmHWM that cannot be reset: the process's lifetime peak, warm-up included. A job forked from a sweep
+        # (isolation) starts with its parent's resident size, as ru_maxrss does; a program started by exec starts
+        # at its own, where ru_maxrss keeps the parent's (Linux carries it across exec)
+        if hwm is not None:
             return {"mem_peak_bytes": hwm, "mem_peak_source": "process_hwm_lifetime", "mem_baseline_bytes": None}
         # no /proc (not Linux): ru_maxrss, the lifetime peak, which Linux would carry across exec from the parent
         return {"mem_peak_bytes": ru_maxrss_bytes(), "mem_peak_source": "process_ru_maxrss", "mem_baseline_bytes": None}

@@ -70,7 +70,7 @@ def stack_flops(func: Any, args: Tuple[Any, ...]) -> int:
     """FLOPs of a GPU's whole recurrent stack in one op (`_cudnn_rnn`, `miopen_rnn`; FlopCounterMode: 0): every
     matrix of its `weight` list (each layer's and direction's W_ih, W_hh and, with proj_size, W_hr; not the
     biases) multiplies a vector at every position, 2 x positions x |W|. The backward computes the data gradients
-    always and the weights' where output_mask[3] asks: once or twice the forward."""
+    always and the weights' where output_mask[3] asks: once or twice the forward (none without any gradient in)."""
     name = func._schema.name
     if name not in _STACK_OPS and name not in _STACK_BACKWARD_OPS:
         return 0
@@ -79,6 +79,8 @@ def stack_flops(func: Any, args: Tuple[Any, ...]) -> int:
     forward = 2 * positions * sum(int(w.numel()) for w in weights if w.dim() == 2)
     if name in _STACK_OPS:
         return forward
+    if all(g is None for g in args[7:10]):  # no grad_output, grad_hy or grad_cy: torch returns before any kernel
+        return 0
     mask = args[-1] if isinstance(args[-1], (list, tuple)) else (True, True, True, True)
     return forward * (1 + int(bool(mask[3])))
 

@@ -136,7 +136,7 @@ def fig_energy(groups, out: Path, not_measured: NotMeasured) -> Optional[str]:
 # which peak mem_peak_bytes is, by mem_peak_source (device/peak.py), and the system-wide one
 PEAK_TITLES = {"cuda_allocator": "peak GPU memory: CUDA allocator (max_memory_allocated)",
                "process_rss": "peak process memory: resident high-water mark (VmHWM)",
-               "process_hwm_lifetime": "peak process memory: resident high-water mark since the job started (VmHWM)",
+               "process_hwm_lifetime": "peak process memory: lifetime resident high-water mark (VmHWM)",
                "process_ru_maxrss": "peak process memory: lifetime resident peak (ru_maxrss)"}
 SYSTEM_PEAK_TITLE = "peak system memory in use (MemTotal - MemAvailable)"
 
