@@ -49,9 +49,9 @@ CNNS = ("alexnet", "densenet100", "densenet40", "inceptionv1", "mobilenetv2", "r
         "squeezenet", "vgg16", "vgg19", "xception")
 
 SPEED_CHILD = r"""
-import resource, sys, time
+import sys, time
 import torch
-from mtbench.device.peak import current_rss_bytes
+from mtbench.device.peak import current_rss_bytes, hwm_bytes, ru_maxrss_bytes
 base = current_rss_bytes()
 t0 = time.monotonic()
 from mtbench.predict.predictor import Predictor
@@ -59,9 +59,7 @@ p = Predictor(target_name="none", device="cpu").predict("bert", 64)
 wall = time.monotonic() - t0
 # VmHWM, not ru_maxrss: Linux keeps ru_maxrss across exec, so a child started from a large parent (vfork) reports
 # the parent's size (1.79 GB measured beside 0.72 GB in this process's own memory)
-with open("/proc/self/status") as f:
-    hwm = [int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:")]
-peak = hwm[0] if hwm else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+peak = hwm_bytes() or ru_maxrss_bytes()
 print(wall, peak, base, p.tensors_bytes, p.flops)
 """
 

@@ -53,13 +53,13 @@ def test_the_runtime_held_before_the_model_is_taken_off_the_peak():
 
 def test_current_rss_grows_with_a_touched_buffer_and_stays_below_the_high_water_mark():
     from mtbench.device.peak import current_rss_bytes
-    from mtbench.device.peak import _read_hwm_bytes
+    from mtbench.device.peak import hwm_bytes
 
     before = current_rss_bytes()
     buffer = torch.ones(64 * 2**20, dtype=torch.uint8)  # 64 MiB, every page written
     after = current_rss_bytes()
     assert after - before >= 60 * 2**20
-    assert after <= _read_hwm_bytes()
+    assert after <= hwm_bytes()
     del buffer
 
 

@@ -40,7 +40,7 @@ def test_an_unresettable_peak_is_the_jobs_own_not_the_size_of_the_process_that_s
 
 
 def test_without_proc_the_peak_is_ru_maxrss_and_says_so(monkeypatch):
-    monkeypatch.setattr(peak, "_read_hwm_bytes", lambda: None)
+    monkeypatch.setattr(peak, "hwm_bytes", lambda: None)
     monkeypatch.setattr(peak, "_reset_hwm", lambda: False)
     p = peak.PeakMemory(torch.device("cpu"))
     p.reset()

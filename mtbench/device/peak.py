@@ -26,7 +26,8 @@ def _status_bytes(field: "re.Pattern[bytes]") -> Optional[int]:
     return int(match.group(1)) * 1024 if match else None
 
 
-def _read_hwm_bytes() -> Optional[int]:
+def hwm_bytes() -> Optional[int]:
+    """The process's resident high-water mark, VmHWM (None where /proc/self/status is missing)."""
     return _status_bytes(_HWM)
 
 
@@ -180,7 +181,7 @@ class PeakMemory:
             self.baseline_bytes = torch.cuda.memory_allocated(self.device)
         else:
             self._hwm_resettable = _reset_hwm()
-            self.baseline_bytes = _read_hwm_bytes() if self._hwm_resettable else None
+            self.baseline_bytes = hwm_bytes() if self._hwm_resettable else None
 
     def read(self) -> Dict[str, Any]:
         if self.device.type == "cuda":
@@ -191,7 +192,7 @@ class PeakMemory:
                 "mem_peak_reserved_bytes": int(torch.cuda.max_memory_reserved(self.device)),
                 "mem_baseline_bytes": self.baseline_bytes,
             }
-        hwm = _read_hwm_bytes()
+        hwm = hwm_bytes()
         if hwm is not None and self._hwm_resettable:
             return {"mem_peak_bytes": hwm, "mem_peak_source": "process_rss", "mem_baseline_bytes": self.baseline_bytes}
         # VmHWM that cannot be reset: the process's lifetime peak, warm-up included. A job forked from a sweep

@@ -1,8 +1,10 @@
 """The per-op-class step-time model: op classes of traced aten ops and of measured ops.csv rows, features, NNLS fit."""
 from __future__ import annotations
 
+import collections
 import contextlib
 import re
+import weakref
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -229,15 +231,13 @@ class RecentReads:
     address, which the next allocation may take, is not a hit."""
 
     def __init__(self, capacity: int) -> None:
-        import collections
-
         self.capacity, self.size = capacity, 0
         self.held: "collections.OrderedDict[tuple, tuple]" = collections.OrderedDict()  # key -> (bytes, weakref)
 
     def touch(self, tensors: Any) -> int:
         """Bytes of `tensors` found in the cache; all of them are then its most recent."""
-        import weakref
-
+        if self.capacity <= 0:  # no cache: nothing is held, nothing is a hit
+            return 0
         import torch
 
         hit = 0

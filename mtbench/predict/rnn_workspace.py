@@ -32,6 +32,7 @@ def _layer_op() -> Any:
 
 
 LAYER_OP = _layer_op()
+LAYER_BACKWARD_OP = None if LAYER_OP is None else torch.ops.aten.mkldnn_rnn_layer_backward.default
 
 
 def is_rnn_layer(func: Any) -> bool:
@@ -41,7 +42,7 @@ def is_rnn_layer(func: Any) -> bool:
 
 def is_rnn_backward(func: Any) -> bool:
     """`aten::mkldnn_rnn_layer_backward`, the CPU LSTM layer's backward."""
-    return LAYER_OP is not None and func is getattr(torch.ops.aten, "mkldnn_rnn_layer_backward").default
+    return LAYER_BACKWARD_OP is not None and func is LAYER_BACKWARD_OP
 
 
 def layer_flops(func: Any, args: Tuple[Any, ...]) -> int:
@@ -56,10 +57,13 @@ def layer_flops(func: Any, args: Tuple[Any, ...]) -> int:
     backward = is_rnn_backward(func)
     if func is not LAYER_OP and not backward:
         return 0
-    inp, w_ih, w_hh = args[0], args[1], args[2]
-    positions = inp.numel() // max(1, int(inp.shape[-1]))  # steps x batch, whatever the layout
-    forward = 2 * positions * (w_ih.numel() + w_hh.numel())
+    forward = 2 * _positions(args[0]) * (args[1].numel() + args[2].numel())  # W_ih, W_hh
     return 2 * forward if backward else forward
+
+
+def _positions(inp: Any) -> int:
+    """Positions an RNN's input holds: steps x batch whatever the layout, or a packed sequence's rows."""
+    return inp.numel() // max(1, int(inp.shape[-1]))
 
 
 _STACK_OPS = ("aten::_cudnn_rnn", "aten::miopen_rnn")
@@ -74,9 +78,7 @@ def stack_flops(func: Any, args: Tuple[Any, ...]) -> int:
     name = func._schema.name
     if name not in _STACK_OPS and name not in _STACK_BACKWARD_OPS:
         return 0
-    inp, weights = args[0], args[1]
-    positions = inp.numel() // max(1, int(inp.shape[-1]))  # steps x batch, or the packed rows
-    forward = 2 * positions * sum(int(w.numel()) for w in weights if w.dim() == 2)
+    forward = 2 * _positions(args[0]) * sum(int(w.numel()) for w in args[1] if w.dim() == 2)
     if name in _STACK_OPS:
         return forward
     if all(g is None for g in args[7:10]):  # no grad_output, grad_hy or grad_cy: torch returns before any kernel

@@ -203,17 +203,15 @@ class _StepCounter(torch.utils._python_dispatch.TorchDispatchMode):
             added = rnn
         if not getattr(func, "is_view", False) and func not in _METADATA_OPS:
             self.ops += 1
-            moved = 0
-            for t in torch.utils._pytree.tree_leaves((args, kwargs, out)):
-                if isinstance(t, torch.Tensor):
-                    moved += t.numel() * t.element_size()
+            leaves = torch.utils._pytree.tree_leaves((args, kwargs, out))
+            moved = sum(t.numel() * t.element_size() for t in leaves if isinstance(t, torch.Tensor))
             self.bytes_moved += moved
             cls = "optimizer" if self.in_optimizer else self._class_of.get(func)
             if cls is None:
                 cls = self._class_of[func] = opcost.aten_class(func._schema.name)
             figures = self.classes[cls]
             figures["ops"] += 1
-            hit = self.recent.touch(torch.utils._pytree.tree_leaves((args, kwargs, out)))
+            hit = self.recent.touch(leaves)
             figures["bytes"] += moved - (hit if cls == "matmul" else 0)
             figures["flops"] += added
             if cls == "conv" and groups > 1:
