@@ -641,12 +641,25 @@ def check_overrides(args: List[str]) -> None:
     unknown = [o.key_or_group for o in overrides
                if not (o.is_add() or o.is_force_add() or o.key_or_group in GROUPS or o.package is not None
                        or o.key_or_group.startswith("hydra") or "/" in o.key_or_group)]
-    if unknown:
-        keys = _config_keys({g: v for g, v in choices.items() if all(x in group_options(g) for x in v)})
-        for key in unknown if keys is not None else []:
-            check_known_key(key, keys)
+    swept = [o.key_or_group for o in overrides if parsed.multirun and o.is_sweep_override()]
     trial = [a for a, o in zip(parsed.overrides, overrides) if not (parsed.multirun and o.is_sweep_override())]
-    check_composition(trial, parsed.multirun)
+    known_choices = {g: v for g, v in choices.items() if all(x in group_options(g) for x in v)}
+    try:
+        # one composition: where it holds, every key it overrode exists (Hydra refuses a key that does not)
+        check_composition(trial, parsed.multirun)
+    except UsageError:
+        _check_known_keys(unknown, known_choices)  # an unknown key is named, with the closest known one
+        raise
+    _check_known_keys([key for key in unknown if key in swept], known_choices)  # -m lists: not in the trial
+
+
+def _check_known_keys(keys: List[str], choices: Dict[str, List[str]]) -> None:
+    """Each of `keys` is a key of the config composed with some listed group option, or a UsageError names it."""
+    if not keys:
+        return
+    known = _config_keys(choices)
+    for key in keys if known is not None else []:
+        check_known_key(key, known)
 
 
 def check_composed(cfg: Any) -> str:

@@ -13,22 +13,21 @@ from typing import List
 
 import pytest
 from hydra.core.global_hydra import GlobalHydra
-from hydra import compose, initialize_config_dir
+from hydra import initialize_config_dir
 
 from mtbench import config
-from mtbench.job.run import run_job
+from tests.helpers.compose import FAKE, FAST, REPO, compose_cfg  # noqa: F401 - the tests import them from here
 
-REPO = Path(__file__).resolve().parent.parent
 # the tests' jobs take their device locks in a folder of their own: an mtbench run elsewhere on this machine
-# (a benchmark) neither waits for them nor makes them wait; tests of the lock itself set lock_dir
-os.environ.setdefault("MTBENCH_LOCK_DIR", tempfile.mkdtemp(prefix="mtbench-test-locks-"))
-# fast defaults for tests: no warm-up, one measured step, CPU
-FAST = ["device=cpu", "warmup=0", "steps=1"]
-
-
-def compose_cfg(overrides: List[str]):
-    with initialize_config_dir(config_dir=str(config.conf_dir()), version_base="1.3"):
-        return compose(config_name="config", overrides=FAST + list(overrides))
+# (a benchmark) neither waits for them nor makes them wait, and neither do the jobs of another pytest-xdist worker:
+# each worker has a folder of its own; tests of the lock itself set lock_dir
+if os.environ.get("PYTEST_XDIST_WORKER") or "MTBENCH_LOCK_DIR" not in os.environ:
+    os.environ["MTBENCH_LOCK_DIR"] = tempfile.mkdtemp(prefix="mtbench-test-locks-")
+# pytest-xdist's workers share the cores: one intra-op thread each (and in the jobs they start), set before torch is
+# imported; two workers with an OpenMP team each spin on each other's cores. A test of the thread count sets its own.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    for _name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(_name, "1")
 
 
 @pytest.fixture()
@@ -44,6 +43,8 @@ def hydra_conf():
 def run(tmp_path, monkeypatch):
     """run(["model=alexnet", "batch=2"], name="job") -> summary dict, results in tmp_path/name."""
     monkeypatch.setattr(config, "ALLOWED_TARGET_PREFIXES", config.ALLOWED_TARGET_PREFIXES + ("tests.",))
+
+    from mtbench.job.run import run_job
 
     def _run(overrides: List[str], name: str = "job") -> dict:
         out = tmp_path / name
@@ -94,3 +95,8 @@ def ctrl_c_raises():
         yield
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+def pytest_xdist_auto_num_workers(config) -> int:
+    """`-n auto`: one worker per core this process may run on, at most 4 (each worker imports torch, ~0.5 GB)."""
+    return max(1, min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))

@@ -11,7 +11,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from mtbench import config  # noqa: E402
-from tests.conftest import compose_cfg  # noqa: E402
+from tests.helpers.compose import compose_cfg  # noqa: E402
 
 config.ALLOWED_TARGET_PREFIXES = config.ALLOWED_TARGET_PREFIXES + ("tests.",)
 

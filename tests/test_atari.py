@@ -48,6 +48,7 @@ def test_unknown_game_names_the_choices():
         Atari("Nope").atari_env(seed=0)
 
 
+@pytest.mark.slow
 def test_ale_banner_is_silenced():
     # ALE writes "[Powered by Stella]" from C++ straight to fd 2: only a child process can catch it
     import subprocess

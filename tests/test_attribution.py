@@ -106,6 +106,7 @@ def test_without_power_sensor_energy_is_null():
     assert row["cpu_util_pct"] == pytest.approx(50.0)
 
 
+@pytest.mark.slow
 def test_profiled_model_on_a_tx2_tree(run, tmp_path):
     make_tx2(tmp_path / "tx2", TX2_POWER)
     s = run(["model=resnet50", "batch=2", "warmup=1", "steps=2", "profile=true", "sampler=jetson",

@@ -22,6 +22,7 @@ def rows():
     return {row.name: row for row in model_rows()}
 
 
+@pytest.mark.slow
 def test_without_a_flop_counter_flops_are_null_with_the_reason(rows):
     if FlopCounterMode is not None:
         pytest.skip("this torch has torch.utils.flop_counter")

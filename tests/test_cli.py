@@ -32,6 +32,7 @@ def test_bad_input_is_one_line_and_exit_2(args, needle, tmp_path):
     assert not list(tmp_path.rglob("summary.json"))
 
 
+@pytest.mark.slow
 def test_missing_data_is_one_line_and_exit_2(tmp_path):
     proc = mtbench_cli("model=squeezenet", "batch=2", "device=cpu", "data=cifar10",
                        f"data.root={tmp_path / 'nothing'}", f"hydra.run.dir={tmp_path / 'run'}")
@@ -41,6 +42,7 @@ def test_missing_data_is_one_line_and_exit_2(tmp_path):
     assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow
 def test_sweep_writes_one_summary_per_job(tmp_path):
     proc = mtbench_cli("-m", "model=squeezenet,densenet40", "batch=2", "device=cpu", "warmup=0", "steps=1",
                        f"hydra.sweep.dir={tmp_path}")
@@ -59,6 +61,7 @@ def test_models_listing(tmp_path):
         assert name in proc.stdout
 
 
+@pytest.mark.slow
 def test_ctrl_c_writes_an_interrupted_summary_and_exits_130(tmp_path):
     import signal
     import subprocess
@@ -142,6 +145,7 @@ def test_run_settings_are_checked_before_any_job(args, needle, tmp_path):
     assert len(proc.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_optuna_searches_batch_size_by_the_objective(tmp_path):
     pytest.importorskip("hydra_plugins.hydra_optuna_sweeper")
     proc = mtbench_cli("-m", "hydra/sweeper=optuna", "hydra.sweeper.direction=maximize", "hydra.sweeper.n_trials=2",
@@ -177,6 +181,7 @@ def test_launchers_that_run_jobs_at_once_here_need_allow_parallel(launcher, para
         assert problem is None or "allow_parallel=true runs them anyway" in problem
 
 
+@pytest.mark.slow
 def test_a_failed_trial_does_not_end_an_optuna_search(tmp_path):
     pytest.importorskip("hydra_plugins.hydra_optuna_sweeper")
     proc = mtbench_cli("-m", "hydra/sweeper=optuna", "hydra.sweeper.n_trials=1", "model=squeezenet", "device=cpu",

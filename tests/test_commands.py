@@ -133,6 +133,7 @@ def test_maxbatch_without_a_model_is_refused(tmp_path):
     assert not list(tmp_path.iterdir())  # nothing probed
 
 
+@pytest.mark.slow
 @needs_predictor
 def test_a_corrupt_calibration_file_is_one_line(tmp_path):
     bad = tmp_path / "cal.json"

@@ -68,6 +68,7 @@ def _resident_after_free(where: str) -> float:
     return float(_run(SCRIPT, where).split()[-1])
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc and /proc: Linux only")
 def test_a_cached_probe_in_its_own_arena_leaves_live_tensors_mapped_fresh():
     # the failure, provoked: after a probe in the main thread, a live block comes from the probe's freed blocks and
@@ -86,6 +87,7 @@ ARENA = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc: Linux only")
 def test_the_probe_knows_when_glibc_gave_its_thread_the_main_heap():
     # the main thread is on the main heap; a new thread gets an arena of its own until the arena limit is reached,
@@ -131,6 +133,7 @@ INTERRUPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="signals as on Linux")
 def test_an_interrupt_during_the_probe_is_raised_once_its_thread_is_done():
     # raised at once, the thread would still be in torch's kernels when the interpreter exits: the process aborts

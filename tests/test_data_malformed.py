@@ -105,6 +105,7 @@ def test_a_budget_that_overflows_is_a_value_error_not_an_overflow(tmp_path, text
         read_budget_file(path)
 
 
+@pytest.mark.slow
 def test_a_job_over_a_malformed_squad_file_is_one_line(tmp_path):
     path = tmp_path / "train-v1.1.json"
     path.write_text(json.dumps({"data": [{"paragraphs": 5}]}))

@@ -11,7 +11,7 @@ import pytest
 from mtbench.campaign.folders import CLAIM, free_dir
 from tests.conftest import REPO
 
-JOB = ["model=squeezenet", "batch=1", "device=cpu", "warmup=0"]
+JOB = ["model=squeezenet", "batch=1", "device=cpu", "warmup=0", "memory.breakdown=false"]
 
 
 def cli(*args, cwd=REPO, **kw):
@@ -33,6 +33,7 @@ def test_a_default_folder_taken_gives_way_to_the_next_free_name(tmp_path):
     assert all(os.path.isdir(p) for p in (base, base + "-2", base + "-3"))
 
 
+@pytest.mark.slow
 def test_two_default_runs_started_together_keep_both_results(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(REPO))
     cmd = [sys.executable, "-m", "mtbench", *JOB, "steps=2", f"lock_dir={tmp_path}"]
@@ -45,6 +46,7 @@ def test_two_default_runs_started_together_keep_both_results(tmp_path):
     assert len(summaries) == 2, summaries
 
 
+@pytest.mark.slow
 def test_a_second_sweep_into_a_finished_sweeps_folder_is_refused_and_replaces_nothing(tmp_path):
     first = cli("-m", *JOB, "steps=1,2", f"hydra.sweep.dir={tmp_path}", f"lock_dir={tmp_path}")
     assert first.returncode == 0, first.stderr
@@ -79,6 +81,7 @@ def test_a_run_into_a_folder_another_run_is_writing_is_refused(tmp_path):
     assert not (tmp_path / "summary.json").exists() or first.returncode == 143
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("resume", [False, True])
 def test_an_explicit_run_folder_with_results_needs_resume(tmp_path, resume):
     first = cli(*JOB, "steps=1", f"hydra.run.dir={tmp_path}", f"lock_dir={tmp_path}")

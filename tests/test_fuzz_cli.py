@@ -1,4 +1,4 @@
-"""Fuzz of the command line (issue 19, done-when): 500 generated override lists over every key of the composed
+"""Fuzz of the command line: 500 generated override lists over every key of the composed
 config, with wrong types, extremes, unicode and very long values, each ending in exit 0, 1 (a recorded job failure
 with a summary) or 2 (one line), never a traceback, never a hang.
 
@@ -137,8 +137,27 @@ def check(code, output: str, run_dir: Path) -> str:
     return "" if code == 0 else f"exit {code}"
 
 
-def test_500_generated_override_lists_end_in_0_1_or_2(tmp_path, monkeypatch, capsys):
-    from mtbench.config import GROUPS, group_options
+CHUNKS = 5  # the 500 cases in five tests of 100, so that pytest-xdist's workers share them
+
+
+def all_cases() -> List[List[str]]:
+    """The 500 override lists, drawn in one sequence from SEED (the same lists whichever chunk runs first)."""
+    if not _CASES:
+        from mtbench.config import GROUPS, group_options
+
+        keys = config_keys()
+        groups = {g: group_options(g) for g in GROUPS}
+        rng = random.Random(SEED)
+        _CASES.extend(with_defaults(generate(rng, keys, groups)) for _ in range(CASES))
+    return _CASES
+
+
+_CASES: List[List[str]] = []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("chunk", range(CHUNKS))
+def test_500_generated_override_lists_end_in_0_1_or_2(chunk, tmp_path, monkeypatch, capsys):
     from mtbench.job import isolation
     from mtbench.results import console
 
@@ -147,13 +166,11 @@ def test_500_generated_override_lists_end_in_0_1_or_2(tmp_path, monkeypatch, cap
     monkeypatch.setattr(console, "print_summary", lambda summary, out_dir, compact=False: print(summary["failure"]))
     monkeypatch.setattr(sys, "argv", ["mtbench"])
     monkeypatch.chdir(tmp_path)
-    keys = config_keys()
-    groups = {g: group_options(g) for g in GROUPS}
-    rng = random.Random(SEED)
+    size = CASES // CHUNKS
+    cases = all_cases()[chunk * size:(chunk + 1) * size]
     began = time.process_time()  # CPU time: a loaded machine slows the wall clock, not the work done
     findings, outcomes = [], {}
-    for i in range(CASES):
-        overrides = with_defaults(generate(rng, keys, groups))
+    for i, overrides in enumerate(cases):
         run_dir = tmp_path / str(i)
         code, output = run_in_process(overrides + [f"hydra.run.dir={run_dir}"], capsys)
         outcomes[code] = outcomes.get(code, 0) + 1
@@ -161,15 +178,15 @@ def test_500_generated_override_lists_end_in_0_1_or_2(tmp_path, monkeypatch, cap
         if problem:
             findings.append(f"{[o[:80] for o in overrides]}: {problem}: {output[-800:]}")
     elapsed = time.process_time() - began
-    assert not findings, f"{len(findings)} of {CASES} cases: " + "\n\n".join(findings[:5])
-    assert outcomes.get(2, 0) > CASES // 4 and outcomes.get(1, 0) > 10, outcomes  # both paths were exercised
-    # its cost is printed, not asserted (a timed test fails on a slow machine, not on slow code): 500 cases took
-    # under 120 s of CPU in earlier CI runs, 138 s on a day this VM ran its benchmarks at half their usual speed
-    print(f"{CASES} cases in {elapsed:.0f} s of CPU; outcomes {outcomes}; {len(CRASHES)} recorded as job errors "
+    assert not findings, f"{len(findings)} of {len(cases)} cases: " + "\n\n".join(findings[:5])
+    assert outcomes.get(2, 0) > len(cases) // 4 and outcomes.get(1, 0) >= 2, outcomes  # both paths were exercised
+    # its cost is printed, not asserted (a timed test fails on a slow machine, not on slow code)
+    print(f"{len(cases)} cases in {elapsed:.0f} s of CPU; outcomes {outcomes}; {len(CRASHES)} recorded as job errors "
           "by the job's own checks: "
           f"{sorted(set(c[:90] for c in CRASHES))}")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("index", range(6))
 def test_generated_cases_end_to_end(index, tmp_path):
     """A few generated lists through the real job, in a process of its own, under a time limit."""

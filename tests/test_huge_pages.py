@@ -41,6 +41,7 @@ def _run(body: str, **env) -> list:
     return out.stdout.split()
 
 
+@pytest.mark.slow
 def test_live_gets_huge_pages_cached_turns_them_off_and_live_again_unadvises_cacheds_ranges():
     out = _run("""
 import re
@@ -70,6 +71,7 @@ print(again["huge_pages"], huge_kib_for(64), env(), flags_at(kept.data_ptr()))
     assert out[7] == "True" and int(out[8]) >= 2048 and out[9:] == ["unset", "nh"], out
 
 
+@pytest.mark.slow
 def test_live_twice_without_cached_between_keeps_its_answer():
     """A budgeted job sets live, then again where its plan's live peak leaves no room for a cached probe."""
     out = _run("""
@@ -82,6 +84,7 @@ print(huge_kib_for(64) >= 2048)
     assert out == ["True", "True", "True", "unset", "True"], out
 
 
+@pytest.mark.slow
 def test_a_tensor_made_before_the_job_asks_means_no_huge_pages_and_says_why():
     out = _run("""
 torch.zeros(3)  # torch reads the variable at its first CPU tensor: not set yet
@@ -91,6 +94,7 @@ print(live["huge_pages"], huge_kib_for(64), live["huge_pages_note"].count("befor
     assert out == ["False", "0", "1"], out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("value", ["0", "1 ", "true"])
 def test_the_users_own_value_is_kept_and_cached_then_leaves_thp_alone(value):
     """torch >= 2.2 reads exactly "1" as on; anything else is off (with a warning): the check sees what torch did."""
@@ -105,6 +109,7 @@ print("huge_pages" in cached, ctypes.CDLL(None).prctl(42, 0, 0, 0, 0))
     assert out[3:] == ["False", "0"], "cached leaves THP alone where torch does not advise it"
 
 
+@pytest.mark.slow
 def test_thp_turned_off_by_what_started_the_job_stays_off():
     out = _run("""
 libc = ctypes.CDLL(None)
@@ -115,6 +120,7 @@ print(live["huge_pages"], huge_kib_for(64), libc.prctl(42, 0, 0, 0, 0), env())
     assert out == ["False", "0", "1", "unset"], out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("overrides", [["memory.cpu_malloc=live"],
                                        ["memory.plan=recompute", "memory.budget_gb=4", "memory.cpu_malloc=live"]],
                          ids=["live", "recompute-under-a-budget"])

@@ -24,6 +24,7 @@ def isolated(out_dir, *overrides: str) -> subprocess.CompletedProcess:
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name, number", [("SIGSEGV", 11), ("SIGKILL", 9)])
 def test_a_job_whose_process_dies_is_recorded_as_killed(tmp_path, name, number):
     proc = isolated(tmp_path / "job", *FAKE, "model.workload._target_=tests.fake_workloads.Signalled",
@@ -39,6 +40,7 @@ def test_a_job_whose_process_dies_is_recorded_as_killed(tmp_path, name, number):
     assert on_disk["cpu_util_pct"] is None and "died" in on_disk["unavailable"]["cpu_util_pct"]
 
 
+@pytest.mark.slow
 def test_the_job_runs_in_a_child_and_its_peak_memory_is_its_own(tmp_path):
     proc = isolated(tmp_path / "job", "model=squeezenet", "batch=1")
     s = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -46,6 +48,7 @@ def test_the_job_runs_in_a_child_and_its_peak_memory_is_its_own(tmp_path):
     assert s["env"]["versions"]["torch"] and s["mem_peak_source"] == "process_rss"
 
 
+@pytest.mark.slow
 def test_real_cpu_out_of_memory_is_oom(tmp_path):
     proc = mtbench_cli("model=squeezenet", "batch=1000000000", "device=cpu", "warmup=0", "steps=1",
                        "hydra.run.dir=" + str(tmp_path / "oom-job"))
@@ -55,12 +58,13 @@ def test_real_cpu_out_of_memory_is_oom(tmp_path):
     assert "can't allocate memory" in s["failure"]["message"]
 
 
+@pytest.mark.slow
 def test_a_sweep_goes_on_past_a_job_killed_by_sigkill(tmp_path):
     """The real failure: the middle job's process is killed from outside, as the OOM killer would."""
     env = dict(os.environ, PYTHONPATH=str(REPO))
     sweep = subprocess.Popen(
         [sys.executable, "-m", "mtbench", "-m", "model=squeezenet", "batch=1", "device=cpu", "warmup=0",
-         "steps=1,100000,2", f"hydra.sweep.dir={tmp_path}"],
+         "steps=1,100000,2", "memory.breakdown=false", f"hydra.sweep.dir={tmp_path}"],
         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     parent = psutil.Process(sweep.pid)
     out = []
@@ -89,6 +93,7 @@ def test_a_sweep_goes_on_past_a_job_killed_by_sigkill(tmp_path):
     assert "[job 3 of 3]" in stdout and "sweep:" in stdout and "killed" in stdout
 
 
+@pytest.mark.slow
 def test_ctrl_c_to_the_parent_reaches_the_job(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(REPO))
     with ctrl_c_raises():
@@ -107,6 +112,7 @@ def test_ctrl_c_to_the_parent_reaches_the_job(tmp_path):
     assert s["failure"]["kind"] == "interrupted" and s["measured_steps"] >= 1, s["failure"]
 
 
+@pytest.mark.slow
 def test_a_job_started_with_ctrl_c_ignored_keeps_ignoring_it(tmp_path):
     """A script's `mtbench ... &` (or nohup) starts with SIGINT ignored, and Ctrl-C on the terminal still reaches
     its process group: neither the sweep's process nor the job's may end on it."""
@@ -130,6 +136,7 @@ def test_a_job_started_with_ctrl_c_ignored_keeps_ignoring_it(tmp_path):
     assert s["success"] is True and s["measured_steps"] == 20, s["failure"]
 
 
+@pytest.mark.slow
 def test_a_crash_while_releasing_keeps_the_jobs_results(tmp_path):
     proc = isolated(tmp_path / "job", *FAKE, "model.workload._target_=tests.fake_workloads.CrashOnClose", "steps=3")
     assert proc.returncode == 0, proc.stderr
@@ -239,6 +246,7 @@ def _memory_cgroup(tmp_name: str, limit_bytes: int):
     return None
 
 
+@pytest.mark.slow
 def test_the_kernels_oom_killer_is_recorded_as_oom(tmp_path):
     """The real failure: the job outgrows a memory cgroup's limit and the kernel's OOM killer kills it."""
     group = _memory_cgroup(f"mtbench-test-{os.getpid()}", 1_200_000_000)
@@ -267,6 +275,7 @@ def _wait_for(path, seconds: float = 120) -> None:
     assert path.exists(), f"{path} never appeared"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("signame, code", [("SIGTERM", 143), ("SIGHUP", 129)])
 def test_sigterm_to_a_running_job_keeps_its_measured_steps(tmp_path, signame, code):
     """What SLURM's preemption, Kubernetes, `timeout` and `kill` send, to the job's whole process group (as a
@@ -291,6 +300,7 @@ def test_sigterm_to_a_running_job_keeps_its_measured_steps(tmp_path, signame, co
     assert len((tmp_path / "job" / "samples.csv").read_text().splitlines()) > 2
 
 
+@pytest.mark.slow
 def test_sigterm_to_the_jobs_own_process_is_a_recorded_result(tmp_path):
     """`kill <pid of the job's process>`: that job is "terminated" with its steps; the command that ran it goes on
     (exit 0 here: the job's summary is returned, as for a job that failed)."""
@@ -311,11 +321,12 @@ def test_sigterm_to_the_jobs_own_process_is_a_recorded_result(tmp_path):
     assert (tmp_path / "job" / "steps.csv").exists()
 
 
+@pytest.mark.slow
 def test_sigterm_to_a_sweep_keeps_the_running_jobs_summary_and_stops_it(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(REPO))
     sweep = subprocess.Popen(
         [sys.executable, "-m", "mtbench", "-m", "model=squeezenet", "batch=1", "device=cpu", "warmup=0",
-         "steps=1,100000,2", f"hydra.sweep.dir={tmp_path}", f"lock_dir={tmp_path}"],
+         "steps=1,100000,2", "memory.breakdown=false", f"hydra.sweep.dir={tmp_path}", f"lock_dir={tmp_path}"],
         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     for line in sweep.stdout:
         if line.startswith("[job 2 of 3]"):

@@ -82,6 +82,7 @@ def losses_of(w, steps: int, stop_below: float = -1.0) -> List[Dict[str, float]]
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model", sorted(LEARNS))
 def test_training_on_repeated_batches_halves_the_loss(model):
     overrides, steps = LEARNS[model]
@@ -91,6 +92,7 @@ def test_training_on_repeated_batches_halves_the_loss(model):
     assert min(rest) < first / 2, f"{model}: first loss {first:.3f}, lowest in {steps} steps {min(rest):.3f}"
 
 
+@pytest.mark.slow
 def test_dqn_halves_its_td_loss_against_an_untrained_twin():
     trained = [s["loss"] for s in losses_of(workload_of("dqn", DQN), DQN_STEPS)]
     frozen = [s["loss"] for s in losses_of(workload_of("dqn", DQN + ["model.workload.optimizer.lr=0"]), DQN_STEPS)]
@@ -208,6 +210,7 @@ META = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not hasattr(torch.device("meta"), "__enter__"),
                     reason="a training step on the meta device needs torch >= 2.0's meta kernels (1.13 lacks backward ones)")
 @pytest.mark.parametrize("model", sorted(META))

@@ -129,6 +129,7 @@ def test_a_lock_dir_that_is_not_absolute_is_refused(folder):
     lock(folder, "off").acquire()  # no lock, no folder needed
 
 
+@pytest.mark.slow
 def test_an_empty_MTBENCH_LOCK_DIR_is_one_line(tmp_path):
     env = dict(os.environ, MTBENCH_LOCK_DIR="")
     import subprocess

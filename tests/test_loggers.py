@@ -125,6 +125,7 @@ def _mlflow_runs(uri: str):
         os.environ.pop("MLFLOW_ALLOW_FILE_STORE", None)
 
 
+@pytest.mark.slow
 def test_mlflow_read_back_from_its_file_store(copy_of, tmp_path, monkeypatch):
     pytest.importorskip("mlflow", reason="logger=mlflow needs mlflow-skinny (pip install 'mtbench[mlflow]')")
     from mlflow.tracking import MlflowClient
@@ -153,6 +154,7 @@ def test_mlflow_read_back_from_its_file_store(copy_of, tmp_path, monkeypatch):
     assert {"summary.json", "steps.csv", "samples.csv", "metrics.csv"} <= artifacts
 
 
+@pytest.mark.slow
 def test_wandb_offline_read_back_with_wandbs_own_reader(copy_of, monkeypatch):
     pytest.importorskip("wandb", reason="logger=wandb needs wandb (pip install 'mtbench[wandb]')")
     monkeypatch.delenv("WANDB_MODE", raising=False)

@@ -89,6 +89,7 @@ def test_bad_input_is_one_line_and_exit_2(args, needle, tmp_path, capsys):
     assert err.startswith("mtbench: error: ") and needle in err and len(err.splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_a_real_probe_in_its_own_process(tmp_path):
     # real jobs of a small model, as `python -m mtbench` processes: forking this pytest process (run_isolated)
     # is unsafe once earlier tests ran torch ops in it (GNU OpenMP's pool does not survive a fork)
@@ -168,13 +169,15 @@ def test_search_must_be_full_or_guided(tmp_path, capsys):
     assert code == 2 and len(err) == 1 and "fast" in err[0] and "guided" in err[0]
 
 
+@pytest.mark.slow
 @needs_predictor
 def test_guided_probes_train_after_the_real_prediction(tmp_path):
     # the real predictor, then real probes, as a user runs it: the prediction's trace runs autograd, after which
     # torch refuses autograd in a forked child ("Unable to handle autograd's threading in combination with
     # fork-based multiprocessing"): every probe was an "error" and the guided search found nothing
     proc = mtbench_cli("maxbatch", "model=squeezenet", "target=nano", "device=cpu", "--search", "guided",
-                       "target.memory_budget_bytes=300000000", "--limit", "128", "--out", str(tmp_path), timeout=300)
+                       "target.memory_budget_bytes=300000000", "--limit", "128", "--tolerance", "0.5", "--out",
+                       str(tmp_path), timeout=300)  # a coarse search: 3 or 4 probes (the question is whether they train)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     predicted = re.search(r"predicted max batch: (\d+)", proc.stdout)
     assert predicted, proc.stdout

@@ -40,6 +40,7 @@ TINY = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("batch", [1, 3])
 @pytest.mark.parametrize("model", group_options("model"))
 def test_model_trains_one_step(run, model, batch):

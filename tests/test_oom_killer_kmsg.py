@@ -117,6 +117,7 @@ class KilledByTheKernel(_Base):
         os.kill(os.getpid(), signal.SIGKILL)
 
 
+@pytest.mark.slow
 def test_a_job_the_oom_killer_ends_on_kernel_4_9_is_oom(tmp_path):
     kmsg = tmp_path / "kmsg"
     kmsg.write_text(OTHER.format(seq=200))

@@ -25,6 +25,7 @@ print(json.dumps({**p.read(), "ru_maxrss": peak.ru_maxrss_bytes()}))
 """
 
 
+@pytest.mark.slow
 def test_an_unresettable_peak_is_the_jobs_own_not_the_size_of_the_process_that_started_it():
     parent = bytearray(768 << 20)  # a sweep's parent holding memory when it starts a job; written, so resident
     parent[:: 4096] = b"x" * len(parent[:: 4096])
@@ -44,7 +45,9 @@ def test_without_proc_the_peak_is_ru_maxrss_and_says_so(monkeypatch):
     monkeypatch.setattr(peak, "_reset_hwm", lambda: False)
     p = peak.PeakMemory(torch.device("cpu"))
     p.reset()
-    rss, before = peak.current_rss_bytes(), peak.ru_maxrss_bytes()
+    before = peak.ru_maxrss_bytes()
     got = p.read()
     assert got["mem_peak_source"] == "process_ru_maxrss" and got["mem_baseline_bytes"] is None
-    assert rss <= before <= got["mem_peak_bytes"] <= peak.ru_maxrss_bytes()  # KiB on Linux, read as bytes
+    # KiB on Linux, read as bytes; not compared with VmRSS, which the kernel counts apart (in an xdist worker it was
+    # read above ru_maxrss)
+    assert before <= got["mem_peak_bytes"] <= peak.ru_maxrss_bytes()

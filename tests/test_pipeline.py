@@ -105,6 +105,7 @@ def test_a_missing_file_is_the_loaders_one_line(tmp_path):
         Pipeline(str(tmp_path), _settings(), 2, seed=0).next_batch()
 
 
+@pytest.mark.slow
 def test_a_missing_root_on_the_command_line_is_one_line_exit_2(tmp_path):
     proc = mtbench_cli("model=squeezenet", "device=cpu", "batch=2", "steps=1", "warmup=0", "data=cifar10",
                        f"data.root={tmp_path}", "data.loader=dataloader", f"hydra.run.dir={tmp_path / 'out'}")
@@ -187,12 +188,17 @@ def _waits(workers: int, step_s: float, batches: int = 6) -> list:
 
 
 def test_data_wait_is_what_the_workers_cannot_hide():
+    """Lower bounds are the sleeps' own (a loaded machine only lengthens them); the workers' gain is a ratio to the
+    loop's own wait measured in the same test, not a wall time a neighbour can change."""
     # no workers: the loop loads each batch itself, 2 items x 20 ms
-    assert sorted(_waits(0, 0.0))[1] == pytest.approx(0.04, rel=0.1)
-    # one worker, 40 ms a batch, under a 20 ms step: it hides half, the loop waits ~20 ms
-    assert sorted(_waits(1, 0.02))[1] == pytest.approx(0.02, rel=0.35, abs=0.004)
-    # two workers under a 60 ms step keep ahead: the wait is the hand-over only
-    assert max(_waits(2, 0.06)) < 0.01
+    alone = _waits(0, 0.0)
+    assert min(alone) >= 0.04 * 0.98, alone
+    # one worker, 40 ms a batch, under a 20 ms step: it hides about half, the loop still waits for the rest
+    one = sorted(_waits(1, 0.02))
+    assert 0.01 <= one[1] < sorted(alone)[1], (one, alone)
+    # two workers under a 60 ms step keep ahead: the wait is the hand-over only, a fraction of a batch's loading
+    two = _waits(2, 0.06)
+    assert max(two) < min(alone) / 2, (two, alone)
 
 
 def test_a_killed_worker_is_an_error_not_a_hang(tmp_path):

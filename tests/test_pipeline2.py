@@ -73,6 +73,7 @@ def test_every_model_with_files_trains_through_the_loader_on_a_synthetic_set(run
         assert load_train(root)[0].shape[1:] == (3, 32, 32)
 
 
+@pytest.mark.slow
 def test_a_real_text_and_real_sentence_pairs_and_squad_are_read_per_epoch_from_their_files(run, tmp_path):
     text = tmp_path / "input.txt"
     text.write_text(SPEECH * 3, encoding="utf-8")
@@ -215,6 +216,7 @@ def test_the_workers_cpu_is_measured_beside_the_training_processs():
     assert cpu["training_process_cpu_pct"] * window_s / 100 >= 0.18 * 0.9  # the six 30 ms steps
 
 
+@pytest.mark.slow
 def test_a_job_records_its_workers_cpu_and_none_without_workers(run, tmp_path):
     common = ["model=squeezenet", "batch=2", "warmup=1", "steps=2", "data.loader=dataloader",
               f"data.cache_dir={tmp_path / 'cache'}"]
@@ -274,6 +276,7 @@ def test_a_killed_worker_is_the_jobs_recorded_failure_not_a_hang(run, tmp_path, 
 
 # 3. data.cache=cold|warm, the storage device, the bytes read
 
+@pytest.mark.slow
 def test_a_cold_run_reads_the_set_from_storage_and_a_warm_one_almost_nothing(run, tmp_path):
     common = ["model=squeezenet", "batch=2", "steps=1", "data.loader=dataloader", f"data.cache_dir={tmp_path}"]
     cold = run(common + ["data.cache=cold"], name="cold")["data_pipeline"]
@@ -286,6 +289,7 @@ def test_a_cold_run_reads_the_set_from_storage_and_a_warm_one_almost_nothing(run
     assert warm["storage"]["mount_point"] and warm["storage"]["fstype"]
 
 
+@pytest.mark.slow
 def test_a_cold_cache_without_the_pipeline_is_one_line_exit_2(tmp_path):
     from tests.conftest import mtbench_cli
 
@@ -401,6 +405,7 @@ def _job_waits(run, tmp_path, workers: int, name: str) -> list:
     return [float(r["data_wait_s"]) for r in _steps(tmp_path / name) if r["warmup"] in ("False", "false", "0")]
 
 
+@pytest.mark.slow
 def test_data_wait_per_step_is_what_the_workers_cannot_hide_and_falls_with_more_workers(run, tmp_path):
     # a batch takes 2 x 30 ms to load, a step 20 ms. No worker: the loop loads each batch itself (60 ms). One worker
     # loads a batch in 60 ms while the step takes 20 ms: it hides 20 ms, the loop waits 40 ms every step. Two, started

@@ -47,6 +47,7 @@ CASES = [("tinycnn", "recompute", REC), ("tinycnn", "microbatch", MICRO)] + [
     for kind, plans in (("recompute", REC[1:2]), ("microbatch", MICRO[:1]))]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model, kind, plans", CASES)
 def test_the_predicted_tensor_peak_of_each_plan_is_within_5_percent_of_a_real_step(monkeypatch, model, kind, plans):
     """The bound the predictor's peak is held to (issue 26), per plan kind, on CPU: its traced tensor peak (fake
@@ -84,6 +85,7 @@ def _no_mallopt(monkeypatch, calls=None):
     monkeypatch.setattr(peak, "set_cpu_malloc", fake)
 
 
+@pytest.mark.slow
 def test_auto_does_not_trust_an_uncalibrated_cpu_peak_it_probes_in_the_traces_order(run, monkeypatch, tmp_path):
     """Without a calibration the CPU peak is an assumed 256 MiB over the tensors (23 % low in issue 26's run): auto
     probes instead, in the order of expected cost the traces give, and the summary says why."""

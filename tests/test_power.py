@@ -196,6 +196,7 @@ def _isolated(tmp_path, board, *overrides):
     return subprocess.Popen(args, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
+@pytest.mark.slow
 def test_the_parent_restores_what_a_job_killed_by_sigkill_set(board, tmp_path):
     before = files_of(board)
     proc = _isolated(tmp_path, board, "model.workload._target_=tests.fake_workloads.Signalled", "steps=3")
@@ -206,6 +207,7 @@ def test_the_parent_restores_what_a_job_killed_by_sigkill_set(board, tmp_path):
     assert files_of(board) == before and not (tmp_path / "job" / power.RECORD).exists()
 
 
+@pytest.mark.slow
 def test_sigterm_to_the_sweep_restores_the_running_jobs_settings(board, tmp_path):
     before = files_of(board)
     ready = tmp_path / "ready"

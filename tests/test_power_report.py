@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
 from mtbench.report.build import make_report
 from mtbench.report.pareto import fig_pareto, front
 
@@ -36,6 +38,7 @@ def test_jobs_that_do_not_vary_power_get_no_pareto_figure(tmp_path):
     assert not (tmp_path / "pareto.md").exists()
 
 
+@pytest.mark.slow
 def test_a_real_cores_sweep_here_draws_time_against_the_setting(tmp_path, run):
     for n, cores in enumerate((1, 2)):
         run(FAKE + [f"power.cpu_cores={min(cores, len(os.sched_getaffinity(0)))}"], name=f"sweep/{n}")

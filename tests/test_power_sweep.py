@@ -68,11 +68,12 @@ def cli(tmp_path, *args, **popen):
     return subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
 
 
-TINY = ["model=squeezenet", "batch=1", "steps=1", "warmup=0", "device=cpu"]
+TINY = ["model=squeezenet", "batch=1", "steps=1", "warmup=0", "device=cpu", "memory.breakdown=false"]
 
 
 # -- the restore file a run that died leaves ---------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_a_crashed_runs_settings_are_restored_by_the_next_run_which_says_so(board, tmp_path):
     before = files_of(board)
     locks = tmp_path / "locks"
@@ -156,6 +157,7 @@ def test_a_sweeps_jobs_keep_their_settings_and_the_sweep_restores_once(board, tm
     assert capsys.readouterr().err.count("the sweep has ended: restored the device's settings") == 1
 
 
+@pytest.mark.slow
 def test_a_cli_sweep_sets_the_mode_once_and_restores_it_once_at_its_end(board, tmp_path):
     before = files_of(board)
     out = cli(tmp_path, "-m", *TINY, "model=squeezenet,alexnet", f"power.sysfs_root={board}", "power.nvpmodel=1",
@@ -167,6 +169,7 @@ def test_a_cli_sweep_sets_the_mode_once_and_restores_it_once_at_its_end(board, t
     assert [json.loads(p.read_text())["power_mode"]["read_back"]["nvpmodel"]["id"] for p in summaries] == [1, 1]
 
 
+@pytest.mark.slow
 def test_sigterm_to_a_sweep_restores_the_device(board, tmp_path):
     before = files_of(board)
     proc = cli(tmp_path, "-m", "model=vgg19", "batch=16", "steps=500", "warmup=0", "device=cpu", "batch=16,32",

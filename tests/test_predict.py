@@ -166,6 +166,7 @@ def test_old_torch_ends_in_one_line(monkeypatch, capsys):
 # the CUDA prediction against max_memory_allocated is in tests/test_cuda.py, in a fresh process
 
 
+@pytest.mark.slow
 def test_max_batch_is_the_largest_that_fits(tmp_path, monkeypatch):
     monkeypatch.setenv(calibration.ENV_DIR, str(tmp_path))
     from mtbench.predict.predictor import Predictor
@@ -238,6 +239,7 @@ def test_a_replay_buffer_is_predicted_on_a_cpu_not_on_a_gpu(tmp_path, monkeypatc
     assert full.non_tensor_bytes - DEFAULT_NON_TENSOR_BYTES_CPU == 100 * transition  # no more than its capacity
 
 
+@pytest.mark.slow
 def test_a_budget_fixes_the_cpu_malloc_and_the_assumed_runtime_with_it(tmp_path, monkeypatch):
     """Under a budget a CPU job runs with glibc's mmap threshold fixed (memory.cpu_malloc=auto: live), which keeps
     far less memory that is not tensors (15-58 MiB at four models' max batch) than glibc's own settings (240-390)."""

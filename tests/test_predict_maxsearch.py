@@ -100,6 +100,7 @@ print(json.dumps([side_by_side, why, one.max_batch("dcgan", 2)[0], shifted, why_
 """
 
 
+@pytest.mark.slow
 @needs_predictor
 def test_the_tracer_processes_find_what_one_predictor_finds(tmp_path):
     """The guided maxbatch's prediction (tracers forked side by side) against Predictor.max_batch, in a fresh
@@ -137,6 +138,7 @@ print(json.dumps([died, failed]))
 """
 
 
+@pytest.mark.slow
 def test_a_tracer_that_dies_or_cannot_trace_gives_no_prediction_and_says_why(tmp_path):
     """Real tracer processes (forked, each its own Predictor): one ends with exit code 9 before it answers, then
     every trace raises; the guided search is told why and runs the full search."""

@@ -44,6 +44,7 @@ def test_the_largest_measured_batch_goes_second(lengths, measured, second):
     assert sorted(b[0].numel() for b in w.batches) == sorted(lengths)  # reordered, none lost
 
 
+@pytest.mark.slow
 def test_a_padded_workload_is_traced_with_the_jobs_batches_held():
     """seq2seq at a tiny size: the trace holds the job's 4 batches (warm-up 1 + 3 steps), each its own size, not 4
     copies of the first; its measured step takes the largest of batches 1-3."""

@@ -143,6 +143,7 @@ def test_no_progress_is_sent_inside_a_timed_step(tmp_path, monkeypatch):
         assert not any(start < p.sent_s < end for start, end in windows)
 
 
+@pytest.mark.slow
 def test_an_isolated_job_prints_its_phases_off_a_terminal(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(REPO))
     proc = subprocess.run([sys.executable, str(REPO / "tests" / "isolated_job.py"), str(tmp_path / "job"), *FAKE,

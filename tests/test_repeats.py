@@ -121,6 +121,7 @@ def test_a_bad_repeat_is_one_line_and_exit_2(capsys, value, message):
     assert info.value.code == 2 and err == [f"mtbench: error: {message}"]
 
 
+@pytest.mark.slow
 def test_repeat_runs_each_in_its_own_process_and_folder(tmp_path):
     out = tmp_path / "job"
     proc = mtbench_cli("model=squeezenet", "batch=1", "device=cpu", "warmup=0", "steps=2", "repeat=2",

@@ -35,6 +35,7 @@ def sweep(tmp_path, monkeypatch):
     return root
 
 
+@pytest.mark.slow
 def test_report_of_a_sweep(sweep):
     out = make_report(sweep)
     with open(out / "summary.csv") as f:
@@ -50,6 +51,7 @@ def test_report_of_a_sweep(sweep):
     assert "**oom**" in text and "3-densenet40-b4" in text and "not measured on this machine" in text
 
 
+@pytest.mark.slow
 def test_report_cli(sweep, tmp_path):
     proc = mtbench_cli("report", str(sweep))
     assert proc.returncode == 0, proc.stderr
@@ -64,6 +66,7 @@ def test_report_of_an_empty_folder(tmp_path):
         make_report(tmp_path)
 
 
+@pytest.mark.slow
 def test_sweep_prints_progress_and_a_table(tmp_path):
     proc = mtbench_cli("-m", "model=squeezenet", "batch=2,4", "device=cpu", "warmup=0", "steps=1",
                        f"hydra.sweep.dir={tmp_path}")

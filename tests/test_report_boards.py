@@ -182,6 +182,7 @@ def test_report_without_core_types_stays_as_before(tmp_path, drawn):
         assert not any(k.startswith("cpu_util_pct.by_type") for k in next(csv.DictReader(f)))
 
 
+@pytest.mark.slow
 def test_real_run_with_a_fake_tx2_tree_groups_its_cores(tmp_path):
     """A real job with env read from a fake TX2 tree: its summary's per_core (this machine's cores, cpu0 and
     cpu1 by the procfs sensor's fields) lands in the TX2's A57 (cpu0) and Denver2 (cpu1) groups."""
@@ -316,6 +317,7 @@ def test_folder_labels_tell_same_named_folders_apart(tmp_path):
         make_report([a, a])
 
 
+@pytest.mark.slow
 def test_report_cli_several_folders(fleet, tmp_path):
     tx2, orin = fleet
     proc = mtbench_cli("report", str(tx2), str(orin), "--out", str(tmp_path / "merged"))

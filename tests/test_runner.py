@@ -139,6 +139,7 @@ def test_a_second_ctrl_c_while_writing_waits_for_the_results(run, tmp_path, monk
     assert s["failure"]["kind"] == "interrupted" and (tmp_path / "job" / "samples.csv").exists()
 
 
+@pytest.mark.slow
 def test_peak_memory_is_reset_between_jobs(run):
     big = run(["model=vgg16", "batch=8", "model.workload.net.variant=imagenet"], name="big")
     small = run(["model=squeezenet", "batch=2"], name="small")
@@ -148,6 +149,7 @@ def test_peak_memory_is_reset_between_jobs(run):
     assert small["mem_peak_bytes"] < big["mem_peak_bytes"] - 1_000_000_000
 
 
+@pytest.mark.slow
 def test_busy_loop_reads_one_full_core(run, tmp_path):
     truth_file = tmp_path / "truth.txt"
     s = run(FAKE + ["model.workload._target_=tests.fake_workloads.BusyLoop", "steps=3", "+model.workload.seconds=0.5",

@@ -373,6 +373,7 @@ def test_rapl_psys_is_the_total_alone(tmp_path):
     assert s["energy_j"]["total_rails"] == ["rapl_1_psys"]
 
 
+@pytest.mark.slow
 def test_missing_sysfs_root_is_one_line_and_exit_2(tmp_path):
     proc = mtbench_cli("model=squeezenet", "batch=2", "device=cpu", "sampler=jetson",
                        f"sampler.sysfs_root={tmp_path / 'nowhere'}", f"hydra.run.dir={tmp_path / 'run'}")

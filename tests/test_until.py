@@ -227,6 +227,7 @@ def test_bad_targets_are_one_line(run, overrides, says):
         run(FALLING + overrides)
 
 
+@pytest.mark.slow
 def test_accuracy_on_synthetic_data_is_one_line_exit_2(tmp_path):
     proc = mtbench_cli("model=squeezenet", "batch=2", "device=cpu", "steps=1", "warmup=0", "until.accuracy=0.5",
                        f"hydra.run.dir={tmp_path / 'run'}")

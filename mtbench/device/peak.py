@@ -11,6 +11,7 @@ from typing import Any, Dict, Optional
 import torch
 
 from mtbench.device import hugepages
+from mtbench.device.glibc import mallopt
 
 _HWM = re.compile(rb"VmHWM:\s+(\d+)\s+kB")
 _RSS = re.compile(rb"VmRSS:\s+(\d+)\s+kB")
@@ -68,40 +69,9 @@ LIVE_TRIM_BYTES = 128 * 1024  # glibc's own M_TRIM_THRESHOLD, set again by live 
 CACHED_TRIM_BYTES = 2**31 - 1  # mallopt takes a C int: the largest, so the heap's top is not given back
 
 
-def glibc_malloc() -> Optional[ctypes.CDLL]:
-    """glibc, where its malloc is this process's; None where another allocator was put in front of it (LD_PRELOAD
-    of jemalloc or tcmalloc, common in CPU images: glibc's mallopt would answer 1 and change nothing) or no glibc."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        in_use = ctypes.cast(ctypes.CDLL(None).malloc, ctypes.c_void_p).value
-        return libc if in_use == ctypes.cast(libc.malloc, ctypes.c_void_p).value else None
-    except (OSError, AttributeError):
-        return None
-
-
-def _mallopt(settings: Dict[int, int]) -> Optional[str]:
-    """Set glibc's malloc parameters in this process; None when set, else why not."""
-    if not sys.platform.startswith("linux"):
-        return f"not set: {sys.platform} has no glibc"
-    try:
-        libc = glibc_malloc()
-        if libc is None:
-            return "not set: this process's malloc is not glibc's (LD_PRELOAD?)"
-        for param, value in settings.items():
-            if not -2**31 <= value < 2**31:  # mallopt(int, int): ctypes would pass a larger value cut to its low bits
-                return f"not set: {value} does not fit mallopt's int"
-            if libc.mallopt(param, value) != 1:
-                return f"not set: mallopt({param}, {value}) refused"
-    except (OSError, AttributeError) as exc:
-        return f"not set: no glibc mallopt ({exc})"
-    return None
-
-
 def _hold(setting: str, params: Dict[int, int], threshold: int, note: str) -> Dict[str, Any]:
     """mallopt(params) for memory.cpu_malloc=`setting`: what was set, for summary.json, or why nothing was."""
-    why_not = _mallopt(params)
+    why_not = mallopt(params)
     if why_not is not None:
         return {"setting": setting, "mmap_threshold_bytes": None, "note": why_not}
     return {"setting": setting, "mmap_threshold_bytes": threshold, "note": note}

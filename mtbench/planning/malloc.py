@@ -7,7 +7,7 @@ from typing import Any, Callable, Dict, Optional, Tuple
 
 import torch
 
-from mtbench.device import peak
+from mtbench.device import glibc, peak
 from mtbench.planning import choose as plan_select
 from mtbench.workload.plans import MemoryPlan
 
@@ -21,7 +21,7 @@ def on_main_heap() -> Optional[bool]:
     """Whether glibc serves this thread from its main heap (the main thread; any thread once the arena limit,
     M_ARENA_MAX or 8 per core, is reached): the size word before a fresh block holds the chunk's NON_MAIN_ARENA bit.
     None where that cannot be read (not glibc's malloc)."""
-    libc = peak.glibc_malloc()
+    libc = glibc.glibc_malloc()
     if libc is None:
         return None
     malloc, free = libc.malloc, libc.free
