@@ -145,6 +145,7 @@ def test_tx2_rails_energy_within_1_percent_in_either_mode(run, tmp_path, mode):
     assert s["sampler"]["samples"] > 0 and s["sampler"]["cpu_pct_of_one_core"] is not None
 
 
+@pytest.mark.slow
 def test_a_sampler_killed_mid_run_is_the_jobs_failure(tmp_path):
     started = time.monotonic()
     proc = isolated(tmp_path / "job", *FAKE, "model.workload._target_=tests.test_sampler_process.KillsTheSampler",
@@ -286,3 +287,42 @@ def test_stop_skips_the_answers_to_power_requests_in_flight(tmp_path):
 
     no_power = ProcessSampler(["procfs"], interval_ms=5).start()  # nothing gives power: nothing is asked
     assert no_power.latest_power_w() is None and len(no_power.stop()) >= 1
+
+
+def _plant_package(folder: str, marker: str) -> None:
+    """As `nobody`: a `mtbench/` package in `folder` that leaves `marker` behind when any interpreter imports it."""
+    from tests.helpers.hostile import as_nobody
+
+    def plant() -> None:
+        os.mkdir(os.path.join(folder, "mtbench"))
+        with open(os.path.join(folder, "mtbench", "__init__.py"), "w") as f:
+            f.write(f"open({marker!r}, 'w').write(str(__import__('os').getuid()))\n")
+
+    as_nobody(plant)
+
+
+def test_a_package_planted_in_the_current_folder_is_never_imported(monkeypatch):
+    """`python -c` (the sampling process) and `python -m` (maxbatch's probes, calibrate's profiled run) put the current
+    folder first on the path: a `mtbench/` planted there by another user would run as root. Both start isolated."""
+    from tests.helpers.hostile import need_root, shared_folder
+
+    from mtbench import interpreter
+
+    need_root()
+    folder = shared_folder()
+    marker = os.path.join(folder, "ran")
+    _plant_package(folder, marker)
+    monkeypatch.chdir(folder)
+    # the attack as it was: a plain `-c` child in that folder imports the planted package
+    subprocess.run([sys.executable, "-c", "import mtbench"], check=True, timeout=60)
+    assert os.path.exists(marker)
+    os.unlink(marker)
+    sampler = ProcessSampler(["procfs"], interval_ms=5)
+    try:
+        sampler.start()
+        sampler.stop()
+    finally:
+        sampler.close()
+    probe = subprocess.run(interpreter.python_m("mtbench.interpreter"), capture_output=True, text=True, timeout=60)
+    assert probe.returncode == 0, probe.stderr
+    assert not os.path.exists(marker), "a planted package ran"

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from mtbench.campaign.prediction import predicted_max_batch
+from mtbench import interpreter
 from mtbench.errors import UsageError
 from mtbench.predict.fit import measured_training_bytes
 from mtbench.predict.maxsearch import FIRST_FACTORS
@@ -188,7 +189,7 @@ def _probe_from_summary(batch: int, summary: Optional[Dict[str, Any]], seconds: 
 def probe_in_subprocess(overrides: List[str], batch: int, out_dir: Path) -> Probe:
     """One probe as `python -m mtbench ...` in a process of its own."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "mtbench", *overrides, f"batch={batch}", *PROBE, f"hydra.run.dir={out_dir}"]
+    cmd = interpreter.python_m("mtbench", [*overrides, f"batch={batch}", *PROBE, f"hydra.run.dir={out_dir}"])
     began = time.monotonic()
     with open(out_dir / "probe.log", "w") as log:
         proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ))

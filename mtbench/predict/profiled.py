@@ -4,10 +4,10 @@ from __future__ import annotations
 import csv
 import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from mtbench import interpreter
 from mtbench.predict import opcost
 
 PROFILED_DIR = "profiled"  # where calibrate puts the profiled run of a job that has no ops.csv (inside its folder)
@@ -69,9 +69,9 @@ def run_profiled(summary: Dict[str, Any], overrides: Sequence[str] = (), steps: 
     sweep's job); the ops.csv written, or None when the run wrote none."""
     folder = Path(summary["_path"]).parent / PROFILED_DIR
     device = str(summary.get("device", "cpu")).split(":")[0]
-    cmd = [sys.executable, "-m", "mtbench", f"model={summary['model']}", f"batch={int(summary['batch_size'])}",
-           f"device={device}", "profile=true", f"steps={steps}", f"warmup={warmup}", f"hydra.run.dir={folder}",
-           *overrides]
+    cmd = interpreter.python_m("mtbench", [f"model={summary['model']}", f"batch={int(summary['batch_size'])}",
+                                           f"device={device}", "profile=true", f"steps={steps}", f"warmup={warmup}",
+                                           f"hydra.run.dir={folder}", *overrides])
     if summary.get("target"):
         cmd.append(f"target={summary['target']}")
     subprocess.run(cmd, check=False, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=dict(os.environ))

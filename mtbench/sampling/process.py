@@ -37,12 +37,11 @@ import multiprocessing
 import os
 import signal
 import subprocess
-import sys
 import time
 from multiprocessing.connection import Connection
-from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
+from mtbench import interpreter
 from mtbench.sampling.sampler import LIVE_POWER_MAX_AGE_S, Samples, StepMark
 from mtbench.sampling.sensor import SensorUnavailable
 
@@ -90,11 +89,10 @@ class ProcessSampler:
         options = {k: dict(v or {}) for k, v in (options or {}).items()}
         options.setdefault("procfs", {}).setdefault("pid", os.getpid() if pid is None else pid)
         self._conn, child_conn = multiprocessing.Pipe(duplex=True)  # a socket pair
-        package_root = str(Path(__file__).resolve().parents[2])  # the mtbench this process runs, first
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")])))
+        # isolated, with the mtbench this process runs first on its path: never a package in the current folder
         code = f"from {PROCESS_TITLE} import serve; serve({child_conn.fileno()}, {os.getpid()})"
         try:
-            self._process = subprocess.Popen([sys.executable, "-c", code], pass_fds=[child_conn.fileno()], env=env,
+            self._process = subprocess.Popen(interpreter.python_c(code), pass_fds=[child_conn.fileno()],
                                              stdin=subprocess.DEVNULL)
         finally:
             child_conn.close()  # only the child holds its end now: its death reads as EOF here
