@@ -523,6 +523,7 @@ def check_composition(overrides: List[str], multirun: bool) -> None:
     try:
         cfg = _loader().load_configuration(config_name="config", overrides=overrides,
                                            run_mode=RunMode.MULTIRUN if multirun else RunMode.RUN)
+        check_hydra_node(cfg.get("hydra"))  # what Hydra builds or runs itself, from any YAML or override
         for key in cfg:  # Hydra resolves its own node (dates, job names) when the job starts
             if key != "hydra":
                 node = cfg[key]
@@ -532,6 +533,113 @@ def check_composition(overrides: List[str], multirun: bool) -> None:
             OSError) as exc:  # OSError: a group name longer than a file name may be
         text = " ".join(str(exc).split("\n")[0].split())  # Hydra adds hints and full-key lines below the first
         raise UsageError(f"{text[:300] or type(exc).__name__}; see docs/configuration.md") from None
+
+
+# Hydra's own nodes that name code: its plugins (whose classes Hydra itself limits to registered plugins, though it
+# builds what is nested in their nodes first), its callbacks, and Python's logging.config (a "()" key calls any
+# importable callable; "class" names a handler or formatter class)
+PLUGIN_NODES = ("launcher", "sweeper")
+SAMPLER_BASE = "optuna.samplers._base.BaseSampler"  # the Optuna sweeper's hydra.sweeper.sampler
+LOGGING_NODES = ("job_logging", "hydra_logging")
+
+
+def check_hydra_node(hydra_node: Any) -> None:
+    """Every `_target_` and logging factory in the composed `hydra` node is one it may hold, or a UsageError names
+    it: a callback is an allowed Callback subclass, a plugin's node holds no `_target_` below its own (but an
+    Optuna sampler), no other `_target_` anywhere, and logging names classes of the logging package only."""
+    from omegaconf import OmegaConf
+
+    if hydra_node is None:
+        return
+    tree = OmegaConf.to_container(hydra_node, resolve=False)
+    for name, node in (tree.get("callbacks") or {}).items():
+        if not isinstance(node, dict) or "_target_" not in node:
+            raise UsageError(f"hydra.callbacks.{name} has no _target_; allowed: a node whose _target_ names a Hydra "
+                             "Callback subclass of mtbench")
+        check_targets(_resolved(hydra_node, f"callbacks.{name}"), f"hydra.callbacks.{name}")
+    for key, value in tree.items():
+        if key in LOGGING_NODES:
+            for where, target in _targets(value, f"hydra.{key}"):
+                raise UsageError(f"_target_ '{target}' at {where}: no _target_ belongs in Hydra's logging config; "
+                                 "allowed: 'class' naming a logging handler or formatter")
+            _check_logging(value, f"hydra.{key}")
+            for name, handler in ((value or {}).get("handlers") or {}).items():
+                if not isinstance(handler, dict) or not handler.get("class"):
+                    raise UsageError(f"hydra.{key}.handlers.{name} names no 'class' (logging.config cannot build "
+                                     "it); allowed: a logging handler class, as logging.StreamHandler")
+        elif key in PLUGIN_NODES:
+            for where, target in _targets(value, f"hydra.{key}"):
+                if where == f"hydra.{key}":
+                    continue  # Hydra instantiates only a registered plugin class there
+                if where == "hydra.sweeper.sampler":
+                    _check_class(_resolved_target(hydra_node, "sweeper.sampler"), where, SAMPLER_BASE,
+                                 "an Optuna sampler class (optuna.samplers)")
+                    continue
+                raise UsageError(f"_target_ '{target}' at {where}: no _target_ belongs there; allowed: "
+                                 f"the plugin's own _target_ at hydra.{key}")
+        elif key != "callbacks":
+            for where, target in _targets(value, f"hydra.{key}"):
+                raise UsageError(f"_target_ '{target}' at {where}: no _target_ belongs there; allowed: "
+                                 "hydra.callbacks (an mtbench Callback), hydra.launcher and hydra.sweeper")
+
+
+def _targets(node: Any, where: str) -> List[tuple]:
+    """(dotted path, value) of every `_target_` in plain container `node` at `where`."""
+    found = []
+    if isinstance(node, dict):
+        if "_target_" in node:
+            found.append((where, node["_target_"]))
+        for key, value in node.items():
+            found.extend(_targets(value, f"{where}.{key}"))
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            found.extend(_targets(value, f"{where}[{i}]"))
+    return found
+
+
+def _resolved(hydra_node: Any, key: str) -> Any:
+    """hydra.`key` with its interpolations resolved (a `_target_` from ${oc.env:...} is judged on its value)."""
+    from omegaconf import OmegaConf
+
+    node = OmegaConf.select(hydra_node, key, throw_on_missing=False)
+    try:
+        return OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node
+    except Exception as exc:  # noqa: BLE001 - an interpolation that cannot resolve before the job names no code
+        raise UsageError(f"hydra.{key} cannot be resolved before the job ({type(exc).__name__}); allowed: a node "
+                         "whose _target_ is a plain name") from None
+
+
+def _resolved_target(hydra_node: Any, key: str) -> str:
+    node = _resolved(hydra_node, key)
+    return str(node.get("_target_")) if isinstance(node, dict) else ""
+
+
+def _check_class(name: str, where: str, base: str, kind: str) -> None:
+    obj = _resolve(name, f" at {where}")
+    if not (inspect.isclass(obj) and base in _bases(obj)):
+        raise UsageError(f"_target_ '{name}' at {where} is not {kind}; allowed there: {kind}")
+
+
+def _check_logging(node: Any, where: str) -> None:
+    """A logging.config dict: no "()" factory (it calls any importable callable); each "class" a class defined in
+    the logging package (a handler, a formatter or a filter, as logging.config takes them)."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            at = f"{where}.{key}"
+            if key == "()":
+                raise UsageError(f"{where}: a '()' factory ({_short(value)}) is not allowed in Hydra's logging "
+                                 "config; allowed: 'class' naming a logging handler or formatter")
+            if key == "class" and isinstance(value, str):
+                obj = _resolve(value, f" at {at}")
+                module = str(getattr(obj, "__module__", ""))
+                if not (inspect.isclass(obj) and (module == "logging" or module.startswith("logging."))):
+                    raise UsageError(f"{at}={_short(value)} is not a class of the logging package; allowed: "
+                                     "logging.StreamHandler, logging.FileHandler, logging.Formatter and the like")
+            else:
+                _check_logging(value, at)
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            _check_logging(value, f"{where}[{i}]")
 
 
 def _config_keys(choices: Dict[str, List[str]]) -> Optional[set]:

@@ -203,3 +203,60 @@ def test_generated_cases_end_to_end(index, tmp_path):
     if proc.returncode in (0, 1):
         summary = json.loads((tmp_path / "run" / "summary.json").read_text())
         assert summary["success"] is (proc.returncode == 0)
+
+
+# Hydra's own keys, as another user could slip them into a shared config folder or a copied command: each names a
+# writer (with the victim's path as its argument) where Hydra builds or calls something; none may reach it
+WRITERS = ["mtbench.results.files.atomic_write", "mtbench.commands.sample.main", "mtbench.results.files.write_summary",
+           "os.system", "builtins.open", "subprocess.Popen"]
+HYDRA_NODES = ["hydra.callbacks.{n}", "hydra.launcher.{n}", "hydra.sweeper.{n}", "hydra.job.{n}",
+               "hydra.job_logging.handlers.{n}", "hydra.hydra_logging.handlers.{n}", "hydra.run.{n}"]
+
+
+def hydra_case(rng: random.Random, victim: Path, shared: Path, i: int) -> List[str]:
+    """One override list that names a writer through a Hydra node: on the command line, or in a YAML of a folder
+    that hydra.searchpath adds."""
+    writer, node = rng.choice(WRITERS), rng.choice(HYDRA_NODES).format(n=f"x{i}")
+    key = "class" if "logging" in node and rng.random() < 0.5 else rng.choice(["_target_", "()"])
+    args = {"path": str(victim), "text": "PWNED", "out_dir": str(victim.parent), "command": f"touch {victim}",
+            "argv": ["--", "touch", str(victim)], "file": str(victim), "args": ["touch", str(victim)]}
+    extras = [f"hydra/launcher={rng.choice(['basic', 'submitit_local'])}"] if rng.random() < 0.3 else []
+    if rng.random() < 0.5:  # on the command line
+        arg_overrides = [f"+{node}.{name}={json.dumps(value)}" for name, value in rng.sample(sorted(args.items()), 2)]
+        return extras + [f"+{node}.{key}={writer}"] + arg_overrides
+    folder = shared / f"conf{i}"
+    (folder / "lab").mkdir(parents=True)
+    body: dict = {}
+    cursor = body
+    for part in node.split("."):
+        cursor = cursor.setdefault(part, {})
+    cursor.update({key: writer, **dict(rng.sample(sorted(args.items()), 3))})
+    (folder / "lab" / "evil.yaml").write_text("# @package _global_\n" + json.dumps(body))  # JSON is YAML
+    return extras + [f"hydra.searchpath=[file://{folder}]", "+lab=evil"]
+
+
+@pytest.mark.slow
+def test_generated_hydra_keys_reach_no_writer(tmp_path, monkeypatch, capsys):
+    """60 lists naming a writer through Hydra's callbacks, plugins, job and logging nodes, from the command line and
+    from a searchpath YAML: each ends in exit 0, 1 or 2 as above, and the victim is never written."""
+    from mtbench.job import isolation
+    from mtbench.results import console
+
+    monkeypatch.setattr(isolation, "run_isolated", validation_only)
+    monkeypatch.setattr(console, "print_summary", lambda summary, out_dir, compact=False: print(summary["failure"]))
+    monkeypatch.setattr(sys, "argv", ["mtbench"])
+    monkeypatch.chdir(tmp_path)
+    rng = random.Random(SEED + 1)
+    victim, findings, outcomes = tmp_path / "victim", [], {}
+    for i in range(60):
+        overrides = with_defaults(hydra_case(rng, victim, tmp_path / "shared", i))
+        run_dir = tmp_path / str(i)
+        code, output = run_in_process(overrides + [f"hydra.run.dir={run_dir}"], capsys)
+        outcomes[code] = outcomes.get(code, 0) + 1
+        problem = check(code, output, run_dir) or ("the victim was written" if victim.exists() else "")
+        if problem:
+            findings.append(f"{overrides}: {problem}: {output[-600:]}")
+        if victim.exists():
+            victim.unlink()
+    assert not findings, f"{len(findings)} of 60 cases: " + "\n\n".join(findings[:5])
+    assert outcomes.get(2, 0) >= 50, outcomes  # refused before any job, each in one line

@@ -103,3 +103,61 @@ def test_targets_in_lists_are_checked():
     with pytest.raises(UsageError, match=r"at model\.workload\.layers\[1\]"):
         check_targets(OmegaConf.create({"model": {"workload": {"layers": [
             {"_target_": "torch.optim.SGD"}, {"_target_": "mtbench.commands.sample.os.system"}]}}}))
+
+
+# Hydra's own nodes: what Hydra builds or calls before any job (callbacks, what is nested in a plugin's node,
+# logging.config's "()" factories) is judged too, from the command line and from a YAML alike
+@pytest.mark.parametrize("override, needle", [
+    ("+hydra.callbacks.x._target_=mtbench.commands.sample.main", "at hydra.callbacks.x is main from "
+                                                                 "mtbench.commands.sample, not a Hydra Callback"),
+    ("+hydra.callbacks.x._target_=mtbench.results.files.atomic_write", "not a Hydra Callback subclass"),
+    ("+hydra.callbacks.x._target_=os.system", "is not allowed"),
+    ("+hydra.launcher.x._target_=mtbench.results.files.atomic_write", "at hydra.launcher.x: no _target_ belongs"),
+    ("+hydra.sweeper.x._target_=mtbench.commands.sample.main", "at hydra.sweeper.x: no _target_ belongs"),
+    ("+hydra.job._target_=mtbench.commands.sample.main", "at hydra.job: no _target_ belongs"),
+    ("hydra.job_logging.handlers.console.class=mtbench.commands.sample.main", "not a class of the logging package"),
+    ("+hydra.job_logging.handlers.x.class=subprocess.Popen", "not a class of the logging package"),
+])
+def test_hydra_nodes_that_would_run_code_are_refused(override, needle):
+    from mtbench.config import check_overrides
+
+    with pytest.raises(UsageError) as err:
+        check_overrides([override])
+    assert needle in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("override", ["hydra/launcher=submitit_local", "hydra/sweeper=optuna",
+                                      "hydra/job_logging=disabled", "hydra.job_logging.root.level=WARNING"])
+def test_hydra_nodes_as_shipped_pass(override):
+    pytest.importorskip("hydra_plugins.hydra_optuna_sweeper")
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
+    from mtbench.config import check_overrides
+
+    check_overrides(["-m", override])
+
+
+def _write_lab_yaml(folder, body: str) -> None:
+    (folder / "lab").mkdir(parents=True)
+    (folder / "lab" / "evil.yaml").write_text("# @package _global_\n" + body)
+
+
+@pytest.mark.parametrize("body", [
+    "hydra:\n  callbacks:\n    x:\n      _target_: mtbench.results.files.atomic_write\n      path: VICTIM\n"
+    "      text: PWNED\n",
+    "hydra:\n  job_logging:\n    handlers:\n      x:\n        (): mtbench.results.files.atomic_write\n"
+    "        path: VICTIM\n        text: PWNED\n",
+    "hydra:\n  launcher:\n    x:\n      _target_: mtbench.results.files.atomic_write\n      path: VICTIM\n"
+    "      text: PWNED\n",
+])
+def test_a_callback_in_a_shared_config_folder_is_refused_before_any_job(body, tmp_path):
+    """The same nodes in a YAML that hydra.searchpath reaches (a lab's shared config folder): refused in one line,
+    and nothing it names ran."""
+    victim = tmp_path / "victim"
+    _write_lab_yaml(tmp_path / "conf", body.replace("VICTIM", str(victim)))
+    proc = mtbench_cli("model=squeezenet", "batch=1", f"hydra.searchpath=[file://{tmp_path / 'conf'}]", "+lab=evil",
+                       f"hydra.run.dir={tmp_path / 'run'}", timeout=300)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    # a plugin's node is a structured config: Hydra itself refuses a key it does not have, naming the YAML
+    assert len(lines) == 1 and ("hydra." in lines[0] or "lab/evil" in lines[0]), lines
+    assert not victim.exists() and not (tmp_path / "run" / "summary.json").exists()
