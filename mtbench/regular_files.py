@@ -36,6 +36,28 @@ def open_regular_fd(path: str) -> int:
     return fd
 
 
+def open_folder(path: str) -> int:
+    """A descriptor of folder `path` to open names in (`dir_fd=`), or RefusedFile (FileNotFoundError where it does
+    not exist): the folder itself may not be a link (one planted in a shared folder would send root's files into
+    another folder), and one owned by another user must not let others write it unless sticky (/tmp's mode)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR) and os.path.islink(path):
+            raise RefusedFile(f"{path} is a symbolic link, refused (another user may have planted it; give the "
+                              f"folder it points to: {os.path.realpath(path)})") from None
+        raise RefusedFile(f"{path}: cannot open it as a folder ({exc.strerror})") from None
+    info = os.fstat(fd)
+    others_write = info.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not info.st_mode & stat.S_ISVTX
+    if info.st_uid not in (0, os.geteuid()) and others_write:
+        os.close(fd)
+        raise RefusedFile(f"{path} belongs to uid {info.st_uid} and other users may write it (no sticky bit), "
+                          "refused")
+    return fd
+
+
 def open_regular(path: str) -> BinaryIO:
     """`path` opened for reading in binary mode (see `open_regular_fd`)."""
     return os.fdopen(open_regular_fd(path), "rb")

@@ -145,3 +145,52 @@ def test_an_empty_MTBENCH_LOCK_DIR_is_one_line(tmp_path):
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "lock_dir=''" in lines[0] and "not an absolute folder" in lines[0], lines
     assert not list(tmp_path.glob("*.lock"))
+
+
+def test_a_lock_dir_that_is_a_link_is_refused_and_nothing_lands_where_it_points(tmp_path):
+    """`ln -s /etc/bash_completion.d /tmp/s/lk` as nobody, then root's `lock_dir=/tmp/s/lk`: following it made a
+    root-owned 0666 lock file in the folder the link names."""
+    from tests.helpers.hostile import shared_folder
+
+    target = tmp_path / "root-only"
+    target.mkdir()
+    os.chmod(target, 0o755)
+    link = os.path.join(shared_folder(), "lk")
+    as_nobody(lambda: os.symlink(target, link))
+    with pytest.raises(UsageError) as err:
+        lock(link).acquire()
+    assert "is a symbolic link, refused" in str(err.value) and "\n" not in str(err.value)
+    assert list(target.iterdir()) == []
+
+
+@pytest.mark.parametrize("mode, refused", [(0o777, True), (0o1777, False), (0o755, False)])
+def test_a_lock_dir_of_another_user_is_refused_where_others_may_write_it(mode, refused):
+    from tests.helpers.hostile import shared_folder
+
+    folder = os.path.join(shared_folder(), "theirs")
+
+    def make() -> None:
+        os.mkdir(folder)
+        os.chmod(folder, mode)
+
+    as_nobody(make)
+    device_lock = lock(folder)
+    if refused:
+        with pytest.raises(UsageError, match="belongs to uid 65534 and other users may write it"):
+            device_lock.acquire()
+        assert os.listdir(folder) == []
+        return
+    try:
+        device_lock.acquire()  # 0755: root may still create there; sticky: as /tmp
+    finally:
+        device_lock.release()
+
+
+def test_the_power_restore_file_is_not_kept_in_a_linked_lock_dir(tmp_path):
+    from mtbench.device import power_record
+    from tests.helpers.hostile import shared_folder
+
+    link = os.path.join(shared_folder(), "lk")
+    as_nobody(lambda: os.symlink(tmp_path, link))
+    with pytest.raises(UsageError, match="is a symbolic link, refused"):
+        power_record.path_in(link)

@@ -13,7 +13,7 @@ import stat
 from typing import Any, Dict, Optional
 
 from mtbench.errors import UsageError
-from mtbench.regular_files import RefusedFile, open_regular_fd
+from mtbench.regular_files import RefusedFile, open_folder, open_regular_fd
 
 NAME = "mtbench-power-restore.json"
 HOLD_ENV = "MTBENCH_POWER_HOLD"  # set by a sweep (campaign/power_hold.py): its jobs keep their settings
@@ -24,6 +24,13 @@ def path_in(lock_dir: str) -> str:
     if not os.path.isabs(lock_dir):
         raise UsageError(f"lock_dir={lock_dir!r} (or MTBENCH_LOCK_DIR) is not an absolute folder; power.* keys keep "
                          f"their restore file {NAME} there; allowed: an absolute folder (default /tmp)")
+    try:
+        os.close(open_folder(lock_dir))  # not a link, nor another user's folder that others may write
+    except FileNotFoundError:
+        pass  # writing the record says so
+    except RefusedFile as exc:
+        raise UsageError(f"lock_dir={exc}; power.* keys keep their restore file {NAME} there; allowed: a folder (not "
+                         "a link) of this user or root, or a sticky one (as /tmp)") from None
     return os.path.join(lock_dir, NAME)
 
 

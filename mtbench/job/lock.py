@@ -14,6 +14,7 @@ import torch
 from mtbench.config import check_value
 from mtbench.device.select import lock_key
 from mtbench.errors import UsageError
+from mtbench.regular_files import RefusedFile, open_folder
 
 
 class DeviceLock:
@@ -61,11 +62,27 @@ class DeviceLock:
         """(descriptor, whether this process may write its pid there); a UsageError where the file is refused."""
         folder, name = str(self.path.parent), self.path.name
         where = f"lock_dir={folder!r}: {name}"
+        # the folder opened once, not followed if a link; every name below is opened in it (dir_fd)
+        try:
+            folder_fd = open_folder(folder)
+        except FileNotFoundError:
+            raise UsageError(f"lock_dir={folder!r} does not exist; allowed: an existing folder every mtbench user can "
+                             "write (default /tmp), or device_lock=off") from None
+        except RefusedFile as exc:
+            raise UsageError(f"lock_dir={exc}; allowed: a folder (not a link) of this user or root, or a sticky "
+                             "one (as /tmp), or device_lock=off") from None
+        try:
+            return self._open_in(folder_fd, name, where)
+        finally:
+            os.close(folder_fd)
+
+    @staticmethod
+    def _open_in(folder_fd: int, name: str, where: str) -> Tuple[int, bool]:
         # O_NOFOLLOW: a link planted in a shared folder would point the open (and a chmod) at another file;
         # O_NONBLOCK: a planted FIFO must not block the open; O_EXCL: a file this call creates is its own
         flags = os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
         try:
-            fd = os.open(self.path, flags | os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o666)
+            fd = os.open(name, flags | os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o666, dir_fd=folder_fd)
             os.fchmod(fd, 0o666)  # the umask took the others' write bit: every user shares this lock
             return fd, True
         except FileExistsError:
@@ -75,9 +92,9 @@ class DeviceLock:
                              "or device_lock=off") from None
         try:
             try:
-                fd, writable = os.open(self.path, flags | os.O_RDWR), True
+                fd, writable = os.open(name, flags | os.O_RDWR, dir_fd=folder_fd), True
             except PermissionError:  # another user's file (or fs.protected_regular in /tmp): flock needs no write
-                fd, writable = os.open(self.path, flags | os.O_RDONLY), False
+                fd, writable = os.open(name, flags | os.O_RDONLY, dir_fd=folder_fd), False
         except OSError as exc:
             if exc.errno == errno.ELOOP:
                 raise UsageError(f"{where} is a symbolic link, refused (another user may have planted it); "
