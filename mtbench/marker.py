@@ -34,7 +34,9 @@ def mark(start_s: float, end_s: float) -> None:
         return
     try:
         # one write() of one short line in append mode: lines from several processes do not interleave
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+        # O_NOFOLLOW: a link planted in a shared folder in place of the step file is refused, not appended through
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)
+                     | getattr(os, "O_CLOEXEC", 0), 0o644)
         try:
             os.write(fd, f"{start_s:.9f} {end_s:.9f}\n".encode())
         finally:

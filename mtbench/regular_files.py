@@ -1,11 +1,11 @@
-"""Reading a file a user names, as root may: a regular file only (never a link, FIFO, device or folder), within a
-size limit, so a planted name neither redirects the read nor blocks a job before its first step."""
+"""Files as root may read and write them: a regular file only (never a link, FIFO, device or folder), within a size
+limit, and every result written under a fresh name then renamed, so a planted name redirects neither."""
 from __future__ import annotations
 
 import errno
 import os
 import stat
-from typing import BinaryIO
+from typing import BinaryIO, Optional
 
 KIB, MIB, GIB = 2**10, 2**20, 2**30
 
@@ -58,6 +58,25 @@ def open_folder(path: str) -> int:
     return fd
 
 
+def folder_problem(path: str) -> Optional[str]:
+    """Why another user could change what lies in folder `path` (None where nobody else can): it is a link, or it
+    belongs to a user other than this one and root, or others may write it without the sticky bit (they could then
+    swap a file, or a folder, that this process made there for one of their own)."""
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return None  # made by this process when it is needed
+    if stat.S_ISLNK(info.st_mode):
+        return "is a symbolic link"
+    if not stat.S_ISDIR(info.st_mode):
+        return "is not a folder"
+    if info.st_uid not in (0, os.geteuid()):
+        return f"belongs to uid {info.st_uid}, another user"
+    if info.st_mode & stat.S_IWOTH and not info.st_mode & stat.S_ISVTX:
+        return "may be written by every user (mode o+w without the sticky bit)"
+    return None
+
+
 def open_regular(path: str) -> BinaryIO:
     """`path` opened for reading in binary mode (see `open_regular_fd`)."""
     return os.fdopen(open_regular_fd(path), "rb")
@@ -95,3 +114,51 @@ def _size(n: int) -> str:
         if n >= scale:
             return f"{n / scale:g} {unit}"
     return f"{n} bytes"
+
+
+_UMASK = os.umask(0)
+os.umask(_UMASK)
+FILE_MODE = 0o666 & ~_UMASK  # what open() would have made
+
+
+def write_whole(path: str, data: bytes, mode: Optional[int] = None, sync: bool = True) -> None:
+    """`data` as the whole of file `path`, the one way mtbench writes a file: under a fresh name in the same folder
+    (O_CREAT|O_EXCL|O_NOFOLLOW: never an existing file or a planted link), then renamed over `path` (a link planted
+    there is replaced, never followed). A reader sees the old file or the new one, never half of one."""
+    folder, name = os.path.split(os.fspath(path))
+    for n in range(100):
+        tmp = os.path.join(folder, f".{name}.{os.getpid()}.{n}.tmp")
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            break
+        except FileExistsError:
+            continue
+    else:
+        raise FileExistsError(errno.EEXIST, f"100 temporary names taken beside {path}", tmp)
+    try:
+        os.fchmod(fd, FILE_MODE if mode is None else mode)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            if sync:
+                os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def create_fresh(path: str, mode: Optional[int] = None) -> BinaryIO:
+    """A new, empty file at `path` open for writing (a log written as it goes): what was at `path` (an old file, a
+    planted link) is removed, never followed, and the create is O_EXCL|O_NOFOLLOW, so that a link planted between
+    the two fails it (FileExistsError) instead of being written through."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                 FILE_MODE if mode is None else mode)
+    return os.fdopen(fd, "wb")

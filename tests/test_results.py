@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 
 import pytest
 
@@ -15,7 +16,7 @@ def test_atomic_write_leaves_no_partial_file(tmp_path, monkeypatch):
     def boom(*_a, **_k):
         raise OSError("disk full")
 
-    monkeypatch.setattr(results.os, "replace", boom)
+    monkeypatch.setattr(os, "replace", boom)  # the rename of the one writer (regular_files.write_whole)
     with pytest.raises(OSError):
         results.atomic_write(target, "new\n")
     assert target.read_text() == "old\n"

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from mtbench.errors import UsageError
-from mtbench.regular_files import read_regular
+from mtbench.regular_files import read_regular, write_whole
 
 CLAIM = ".mtbench-claim"  # JSON: pid, host and start time of the run that writes into the folder
 DIR_KEYS = ("hydra.run.dir", "hydra.sweep.dir")
@@ -57,12 +57,8 @@ def _claim(folder: Path, key: str, resume: bool) -> None:
 
 def _write_claim(folder: Path) -> None:
     record = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.time()}
-    path = folder / CLAIM
-    tmp = folder / f"{CLAIM}.{os.getpid()}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-    with os.fdopen(fd, "w") as f:
-        json.dump(record, f)
-    os.replace(tmp, path)  # a claim left by a finished (or dead) earlier run is replaced by this one
+    # a claim left by a finished (or dead) earlier run is replaced by this one
+    write_whole(str(folder / CLAIM), json.dumps(record).encode(), mode=0o644, sync=False)
 
 
 def _claim_of(folder: Path) -> Optional[Dict[str, Any]]:

@@ -17,6 +17,8 @@ from mtbench import interpreter
 from mtbench.errors import UsageError
 from mtbench.predict.fit import measured_training_bytes
 from mtbench.predict.maxsearch import FIRST_FACTORS
+from mtbench.regular_files import create_fresh
+from mtbench.results.files import atomic_write
 from mtbench.results.reader import UnreadableSummary, checked, read_summary
 
 SCHEMA = "mtbench.maxbatch/1"
@@ -191,7 +193,7 @@ def probe_in_subprocess(overrides: List[str], batch: int, out_dir: Path) -> Prob
     out_dir.mkdir(parents=True, exist_ok=True)
     cmd = interpreter.python_m("mtbench", [*overrides, f"batch={batch}", *PROBE, f"hydra.run.dir={out_dir}"])
     began = time.monotonic()
-    with open(out_dir / "probe.log", "w") as log:
+    with create_fresh(str(out_dir / "probe.log")) as log:  # a link planted there is removed, not written through
         proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ))
     seconds = time.monotonic() - began
     try:
@@ -343,9 +345,7 @@ def write(out: Path, results: List[Search], fixed: List[str], target: str, args:
         "start": args.start, "limit": args.limit, "tolerance": args.tolerance, "search": args.search,
         "models": [asdict(r) for r in results],
     }
-    tmp = out / "maxbatch.json.tmp"
-    tmp.write_text(json.dumps(doc, indent=2) + "\n")
-    tmp.replace(out / "maxbatch.json")
+    atomic_write(out / "maxbatch.json", json.dumps(doc, indent=2) + "\n")
 
 
 def _budget_bytes(target: str, fixed: List[str]) -> Optional[int]:

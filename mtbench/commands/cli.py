@@ -5,6 +5,7 @@ of a sweep runs. Every UsageError, wherever raised, ends in `mtbench.errors.prin
 """
 from __future__ import annotations
 
+import os
 import sys
 from typing import List, Optional
 
@@ -19,6 +20,7 @@ from mtbench.campaign.resume import cost_problem, finished_summary, objective_va
 from mtbench.commands import registry
 from mtbench.config import GROUPS, check_composed, check_overrides, check_targets, conf_dir, group_options
 from mtbench.errors import UsageError, print_error
+from mtbench.regular_files import folder_problem
 
 __all__ = ["main", "hydra_app", "finished_summary", "objective_value"]
 
@@ -48,6 +50,7 @@ def hydra_app(cfg: DictConfig) -> float:
                 # the sweep's own eta and max power weigh a resumed job's figures (energy_time_cost_j)
                 return objective_value({**done, "config": OmegaConf.to_container(cfg, resolve=True)}, objective)
         check_targets(cfg)
+        check_job_folder(hydra_cfg.runtime.output_dir)
         # before the first job: a power restore file a run that died left is applied; a sweep restores once, at its end
         SWEEP.before_job(cfg, hydra_cfg.mode == RunMode.MULTIRUN, str(hydra_cfg.launcher.get("_target_", "")))
         # the job trains in a child process (repeat=N: N of them, one after the other)
@@ -58,6 +61,18 @@ def hydra_app(cfg: DictConfig) -> float:
     if hydra_cfg.mode != RunMode.MULTIRUN and (not summary["success"] or summary.get("write_error")):
         sys.exit(1)  # a single failed job (the summary says why) is a failed command
     return objective_value(summary, objective)
+
+
+def check_job_folder(out_dir: str) -> None:
+    """The job's folder and the one above it are this user's (or root's) and no other user can write them unless
+    sticky; else a UsageError: another user could plant a file there that root reads (a power restore record), or
+    swap the folder for one of their own while the job runs."""
+    for folder in (out_dir, os.path.dirname(os.path.abspath(out_dir))):
+        problem = folder_problem(folder)
+        if problem is not None:
+            raise UsageError(f"the job's folder {out_dir}: {folder} {problem}, refused (another user could change "
+                             "what the job writes and reads there); allowed: hydra.run.dir (or hydra.sweep.dir) in a "
+                             "folder of this user's, or in a sticky one such as /tmp")
 
 
 def print_help(args: List[str]) -> None:

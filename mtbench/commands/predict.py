@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 from mtbench.errors import UsageError
+from mtbench.results.files import atomic_write
 
 PREDICT_USAGE = ("mtbench predict model=NAME batch=N [target=T] [device=cpu|cuda|auto] [max_batch=true|false] "
                  "[calibration=FILE] [out=DIR] [other overrides]   (-m: comma lists of models and batches)")
@@ -195,7 +196,7 @@ def write(rows: list, out_dir: Path) -> None:
     from mtbench.predict.predictor import dumps
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "predict.json").write_text(dumps(rows))
+    atomic_write(out_dir / "predict.json", dumps(rows))
     buf = io.StringIO()
     w = csv.writer(buf)
     w.writerow(CSV_COLUMNS)
@@ -203,4 +204,4 @@ def write(rows: list, out_dir: Path) -> None:
         d = r.to_dict()
         d.update(r.breakdown_bytes or {})
         w.writerow(["" if d.get(c) is None else d.get(c) for c in CSV_COLUMNS])
-    (out_dir / "predict.csv").write_text(buf.getvalue())
+    atomic_write(out_dir / "predict.csv", buf.getvalue())

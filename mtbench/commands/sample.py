@@ -21,6 +21,7 @@ from mtbench.campaign.folders import dated_dir
 from mtbench.commands.registry import SAMPLE
 from mtbench.device import env
 from mtbench.errors import ArgumentParser, UsageError, print_error
+from mtbench.regular_files import GIB, create_fresh, read_regular
 from mtbench.results import files as results
 from mtbench.results.summary import build_summary
 from mtbench.marker import ENV as STEP_FILE_ENV
@@ -29,6 +30,7 @@ from mtbench.sampling.procfs import ProcfsSensor
 
 
 PROG = "mtbench-sample"
+MAX_STEP_FILE_BYTES = GIB  # ~25 million marks of ~40 bytes
 
 
 def parse_args(argv: List[str]) -> argparse.Namespace:
@@ -80,9 +82,13 @@ def read_marks(path: Path, warmup: int) -> Tuple[List[StepMark], List[str]]:
     that is not after its start): a bad mark is left out, never turned into a figure."""
     marks: List[StepMark] = []
     refused: List[str] = []
-    if not path.is_file():
+    try:  # never through a link planted after the file was made (it would print another file's first line)
+        text = read_regular(str(path), MAX_STEP_FILE_BYTES).decode(errors="replace")
+    except FileNotFoundError:
         return marks, refused
-    for line in path.read_text(errors="replace").splitlines():
+    except OSError as exc:
+        return marks, [f"the step file was refused: {exc}"]
+    for line in text.splitlines():
         parts = line.split()
         try:
             start, end = float(parts[0]), float(parts[1])
@@ -118,7 +124,10 @@ def run(args: argparse.Namespace, out: Path) -> int:
     extra = [s for s in extra if s.name != "procfs"]
     status = [s for s in status if s["name"] != "procfs"]
     step_file = out / "steps.txt"
-    step_file.unlink(missing_ok=True)  # a rerun into the same folder starts without old marks
+    try:  # made here, empty (a rerun starts without old marks): a link planted there is removed, never followed
+        create_fresh(str(step_file)).close()
+    except OSError as exc:
+        return print_error(UsageError(f"cannot create the step file {step_file} ({exc.strerror or exc})"), PROG)
     child_env = dict(os.environ, **{STEP_FILE_ENV: str(step_file.resolve())})
     t_start = time.monotonic()
     try:

@@ -19,6 +19,7 @@ import numpy as np
 
 from mtbench.data.cifar10 import META_FILE, TRAIN_FILES
 from mtbench.errors import DataError
+from mtbench.regular_files import write_whole
 
 SYNTHETIC_IMAGES_PER_FILE = 1000  # 5 x 1000 images, ~15 MB: enough for epochs of several steps at batch 64
 SYNTHETIC_TEXT_CHARS = 1_000_000  # tiny Shakespeare holds 1.1 million characters
@@ -142,15 +143,4 @@ def _write_pickle(path: Path, obj: dict) -> None:
 
 def _write_bytes(path: Path, data: bytes) -> None:
     """Write under a fresh temporary name (O_EXCL: never an existing file or link), then rename into place."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(str(tmp), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(str(tmp), str(path))
-    except BaseException:
-        try:
-            os.unlink(str(tmp))
-        except OSError:
-            pass
-        raise
+    write_whole(str(path), data, mode=0o600, sync=False)

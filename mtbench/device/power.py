@@ -12,7 +12,6 @@ from typing import Any, Dict, List, Optional, Tuple
 from mtbench.config import setting
 from mtbench.device import power_nvml as nvml, power_record as machine, power_sysfs as fs
 from mtbench.errors import UsageError
-from mtbench.regular_files import read_regular
 
 KEYS = ("nvpmodel", "cpu_cores", "cpu_max_khz", "gpu_max_hz", "emc_max_hz", "governor", "lock_clocks",
         "gpu_power_limit_w", "gpu_locked_clocks_mhz")
@@ -27,6 +26,16 @@ def sysfs_root(cfg: Any) -> str:
     return str(setting(cfg, "power.sysfs_root") or sampler.get("sysfs_root") or "/")
 
 
+def asked(cfg: Any) -> Dict[str, Any]:
+    """The power.* keys of `cfg`, each as set or None (lock_clocks False)."""
+    return {k: setting(cfg, f"power.{k}", False if k == "lock_clocks" else None) for k in KEYS}
+
+
+def asks_any(values: Dict[str, Any]) -> bool:
+    """Whether any power.* key is set: `is not`, as power.nvpmodel=0 (MAXN) and cpu_cores=0 are values."""
+    return any(v is not None and v is not False for v in values.values())
+
+
 def say(line: str) -> None:
     print(f"mtbench: power: {line}", file=sys.stderr, flush=True)
 
@@ -35,7 +44,7 @@ class PowerControl:
     """One job's power settings: `apply` (before the model is built), `summary`, `restore` (whatever ended it)."""
 
     def __init__(self, cfg: Any, out_dir: Path, device: Any) -> None:
-        self.asked = {k: setting(cfg, f"power.{k}", False if k == "lock_clocks" else None) for k in KEYS}
+        self.asked = asked(cfg)
         self.root = sysfs_root(cfg)
         self.record_path = Path(out_dir) / RECORD
         self.device = device
@@ -46,11 +55,11 @@ class PowerControl:
         # set in a sweep's jobs (campaign/power_hold.py): {path, pid, start} of the sweep's record; the sweep restores
         hold = os.environ.get(machine.HOLD_ENV)
         self.hold: Optional[Dict[str, Any]] = json.loads(hold) if hold else None
+        self.wrote_record = False  # this process wrote the job's record: only then does it restore from one
 
     @property
     def active(self) -> bool:
-        # `is not`: power.nvpmodel=0 (MAXN) and cpu_cores=0 are values, not "unset" (0 == False in Python)
-        return any(v is not None and v is not False for v in self.asked.values())
+        return asks_any(self.asked)
 
     def summary(self) -> Optional[Dict[str, Any]]:
         """summary.json's power_mode: what was asked, what the device reports, the clocks it clamped."""
@@ -209,9 +218,8 @@ class PowerControl:
 
     def _write_record(self, record: Dict[str, Any]) -> None:
         self.record_path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.record_path.with_name(RECORD + ".tmp")
-        tmp.write_text(json.dumps(record))
-        os.replace(tmp, self.record_path)
+        machine.write(str(self.record_path), record)  # a fresh 0600 file renamed into place: no planted link
+        self.wrote_record = True
 
     def _nvpmodel(self, mode: int) -> None:
         proc = subprocess.run(["nvpmodel", "-m", str(mode)], stdin=subprocess.DEVNULL, capture_output=True,
@@ -314,8 +322,9 @@ class PowerControl:
             os.sched_setaffinity(0, self.saved[0])
             torch.set_num_threads(self.saved[1])
             self.saved = None
-        if self.hold is None:
-            restore_left(self.record_path.parent)
+        if self.hold is None and self.wrote_record:
+            restore_left(self.record_path.parent, self.root)
+            self.wrote_record = False
 
 
 def restore_leftover(path: str, record: Dict[str, Any]) -> None:
@@ -326,16 +335,24 @@ def restore_leftover(path: str, record: Dict[str, Any]) -> None:
         "settings it recorded")
 
 
-def restore_left(out_dir: Path) -> bool:
+def restore_left(out_dir: Path, root: str) -> bool:
     """Restore from the record a job's process wrote in `out_dir` before changing the device, and remove it; False
-    where there is none (the job changed nothing, or restored itself). Each failure is said in one line."""
+    where there is none (the job changed nothing, or restored itself). Each failure is said in one line.
+
+    Root acts on what the record says, so it is read as the machine's file is (power_record.read: a regular file of
+    one name, this user's, writable by no other) and its sysfs root must be the job's own (`root`): a record
+    another user planted in the job's folder is refused, never applied."""
     path = Path(out_dir) / RECORD
     try:
-        record = json.loads(read_regular(str(path), 1 << 20))
-    except FileNotFoundError:
+        record = machine.read(str(path))
+    except UsageError as exc:
+        say(f"{exc}; not restored from it")
         return False
-    except (OSError, ValueError) as exc:
-        say(f"cannot read the restore record {path} ({exc}); the device may keep the job's settings")
+    if record is None:
+        return False
+    if str(record.get("root") or "/") != str(root):
+        say(f"the restore record {path} names sysfs root {str(record.get('root'))[:80]!r}, not the job's {root!r}: "
+            "refused, not restored from it")
         return False
     restore_record(record)
     try:

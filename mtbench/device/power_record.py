@@ -13,7 +13,7 @@ import stat
 from typing import Any, Dict, Optional
 
 from mtbench.errors import UsageError
-from mtbench.regular_files import RefusedFile, open_folder, open_regular_fd
+from mtbench.regular_files import RefusedFile, open_folder, open_regular_fd, write_whole
 
 NAME = "mtbench-power-restore.json"
 HOLD_ENV = "MTBENCH_POWER_HOLD"  # set by a sweep (campaign/power_hold.py): its jobs keep their settings
@@ -97,28 +97,10 @@ def read(path: str) -> Optional[Dict[str, Any]]:
 def write(path: str, record: Dict[str, Any]) -> None:
     """Write `record` to `path` whole: a fresh private file renamed into place (a link planted at `path` is
     replaced, never followed)."""
-    folder, name = os.path.split(path)
-    for n in range(100):
-        tmp = os.path.join(folder, f".{name}.{os.getpid()}.{n}.tmp")
-        try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-            break
-        except FileExistsError:
-            continue
-    else:
-        raise UsageError(f"cannot create a power restore file in {folder}: 100 names taken")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(record, f)
-            f.flush()
-            os.fsync(f.fileno())  # the record must outlive a crash of the machine's power settings' owner
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    try:  # fsynced: the record must outlive a crash of the machine's power settings' owner
+        write_whole(path, json.dumps(record).encode(), mode=0o600)
+    except FileExistsError:
+        raise UsageError(f"cannot create a power restore file in {os.path.dirname(path)}: 100 names taken") from None
 
 
 def remove(path: str, pid: Optional[int] = None) -> None:

@@ -89,7 +89,7 @@ def run_isolated(cfg: DictConfig, out_dir: Path, timing: Optional[Dict[str, floa
                 os.kill(child.pid, signals.stop_signal(exc))
     child.join()
     line.close(None if Message.USAGE in messages else live.outcome(messages.get(Message.SUMMARY)))
-    restore_power(out_dir)
+    restore_power(cfg, out_dir)
     receiver.close()
     if timing is not None:
         timing.update(wall_s=time.monotonic() - wall_start, child_s=messages.get(Message.CHILD_SECONDS, math.nan))
@@ -110,9 +110,12 @@ def run_isolated(cfg: DictConfig, out_dir: Path, timing: Optional[Dict[str, floa
     return summary
 
 
-def restore_power(out_dir: Path) -> None:
-    """What a dead job's process changed on the device (power.*), put back from the record it wrote first."""
-    if power.restore_left(out_dir):
+def restore_power(cfg: DictConfig, out_dir: Path) -> None:
+    """What a dead job's process changed on the device (power.*), put back from the record it wrote first; a job
+    without power.* keys changed nothing, and whatever lies in its folder is not read."""
+    if not power.asks_any(power.asked(cfg)):
+        return
+    if power.restore_left(out_dir, power.sysfs_root(cfg)):
         power.say(f"restored the settings the job's process left in place (from {out_dir / power.RECORD})")
 
 

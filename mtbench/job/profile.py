@@ -33,7 +33,7 @@ import torch
 from torch.profiler import ProfilerAction, ProfilerActivity, profile, record_function
 
 from mtbench.job import kernel_ops
-from mtbench.results.files import atomic_write, csv_text
+from mtbench.results.files import atomic_write, atomic_write_bytes, csv_text
 from mtbench.sampling import Samples
 from mtbench.sampling.attribution import Interval, attribute
 from mtbench.sampling.sensor import GPU_UTIL, POWER
@@ -255,10 +255,7 @@ def finish(profiler: Profiler, samples: Samples, steps: Sequence[Tuple[float, fl
     pid = next((e.get("pid") for e in events if e.get("ph") == "X"), 0)
     # the profiler's own metadata is kept; the telemetry joins its events as counter tracks
     trace["traceEvents"] = events + counter_events(samples, offset, pid)
-    tmp = out_dir / ".trace.json.gz.tmp"
-    with gzip.open(tmp, "wt") as f:
-        json.dump(trace, f, allow_nan=False)
-    os.replace(tmp, out_dir / "trace.json.gz")
+    atomic_write_bytes(out_dir / "trace.json.gz", gzip.compress(json.dumps(trace, allow_nan=False).encode()))
     return {
         "clock_offset_s": offset,
         "clock_drift_us": drift,

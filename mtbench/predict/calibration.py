@@ -13,6 +13,7 @@ import numpy as np
 
 from mtbench.errors import UsageError
 from mtbench.regular_files import RefusedFile, read_regular
+from mtbench.results.files import atomic_write
 
 SCHEMA = "mtbench.calibration/1"
 # Where calibrations live: $MTBENCH_CALIBRATION_DIR, else ~/.cache/mtbench/calibration/<target>-<device>.json
@@ -93,9 +94,7 @@ class Calibration:
 def save(cal: Calibration, path: Optional[Path] = None) -> Path:
     path = Path(path) if path is not None else calibration_dir() / f"{cal.key}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(asdict(cal), indent=2))
-    tmp.replace(path)
+    atomic_write(path, json.dumps(asdict(cal), indent=2))
     return path
 
 

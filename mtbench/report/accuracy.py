@@ -17,6 +17,7 @@ matplotlib.use("Agg")  # files only: no display needed
 import matplotlib.pyplot as plt  # noqa: E402
 
 from mtbench.report.jobs import NOT_MEASURED  # noqa: E402
+from mtbench.report.panels import save_png  # noqa: E402
 
 CURVE_FILE = "evals.csv"  # as mtbench/job/until.py writes it (the report layer reads result files, not the job's code)
 YLABEL = {"accuracy": "held-out top-1 accuracy", "loss": "training loss (mean since the last check)"}
@@ -89,7 +90,7 @@ def fig_accuracy(groups: Dict[str, List[Dict[str, Any]]], out: Path) -> List[str
                      f"met: star)")
         name = f"{metric}_{re.sub(r'[^A-Za-z0-9_.-]+', '_', model)}.png"
         fig.tight_layout()
-        fig.savefig(out / name, dpi=110, bbox_inches="tight")
+        save_png(fig, out / name)
         plt.close(fig)
         names.append(name)
     return names

@@ -16,6 +16,7 @@ matplotlib.use("Agg")  # files only: no display needed
 import matplotlib.pyplot as plt  # noqa: E402
 
 from mtbench.report.jobs import value_at  # noqa: E402
+from mtbench.report.panels import save_png  # noqa: E402
 
 
 def _pipeline(job: Dict[str, Any]) -> Dict[str, Any]:
@@ -75,7 +76,7 @@ def fig_datawait(jobs: List[Dict[str, Any]], out: Path) -> List[str]:
         ax.legend(fontsize=8, loc="upper left")
         fig.tight_layout()
         name = f"datawait_{model}.png"
-        fig.savefig(out / name, dpi=110, bbox_inches="tight")
+        save_png(fig, out / name)
         plt.close(fig)
         names.append(name)
     return names

@@ -2,6 +2,7 @@
 as "not measured: why"), error bars, legends outside the data."""
 from __future__ import annotations
 
+import io
 from pathlib import Path
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
@@ -13,6 +14,7 @@ from matplotlib.ticker import NullLocator  # noqa: E402
 
 from mtbench.report.jobs import board_of  # noqa: E402
 from mtbench.report.spread import REPEATS_NOTE, Point, point  # noqa: E402
+from mtbench.results.files import atomic_write_bytes  # noqa: E402
 
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 LINESTYLES = ("-", "--", "-.", ":")
@@ -97,10 +99,18 @@ def legend_outside(fig) -> None:
         fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8, frameon=False)
 
 
+def save_png(fig, path: Path) -> None:
+    """`fig` as a PNG at `path`, written as every result file is (a link planted there is replaced, not written
+    through); "tight": a legend right of the panels is kept."""
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
+    atomic_write_bytes(path, buf.getvalue())
+
+
 def save(fig, path: Path) -> str:
     fig.tight_layout()
     legend_outside(fig)
-    fig.savefig(path, dpi=110, bbox_inches="tight")  # "tight": the legend right of the panels is kept
+    save_png(fig, path)
     plt.close(fig)
     return path.name
 

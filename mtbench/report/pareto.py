@@ -10,6 +10,7 @@ matplotlib.use("Agg")  # files only: no display needed
 import matplotlib.pyplot as plt  # noqa: E402
 
 from mtbench.report.jobs import value_at, varying_keys  # noqa: E402
+from mtbench.report.panels import save_png  # noqa: E402
 from mtbench.results.files import atomic_write  # noqa: E402
 
 
@@ -92,7 +93,7 @@ def fig_pareto(jobs: List[Dict[str, Any]], out: Path) -> List[str]:
                          f"step time against {'power.' + knob if knob else 'each power setting'} instead.")
         ax.set_title(f"{model}: time and energy per power setting")
         fig.tight_layout()
-        fig.savefig(out / name, dpi=110, bbox_inches="tight")
+        save_png(fig, out / name)
         plt.close(fig)
         names.append(name)
         for t, e, j in sorted(points, key=lambda p: p[0]):

@@ -9,13 +9,12 @@ import csv
 import io
 import json
 import math
-import os
-import tempfile
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional, Sequence
 
 import numpy as np
 
+from mtbench.regular_files import write_whole
 from mtbench.sampling import Samples
 
 SCHEMA = "mtbench.summary/2"
@@ -26,26 +25,19 @@ REQUIRED_KEYS = (
 )
 
 
-_UMASK = os.umask(0)
-os.umask(_UMASK)
-
-
 def atomic_write(path: Path, text: str) -> None:
-    """Write via a temp file in the same folder and rename, so a reader never sees half a file."""
+    """Write `text` via a fresh file in the same folder and a rename (regular_files.write_whole), so that a reader
+    never sees half a file and a link planted at `path` is replaced, never written through."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600; results are ordinary files
-        with os.fdopen(fd, "w", newline="") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    write_whole(str(path), text.encode())
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """`atomic_write` of bytes (a figure, a compressed trace)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_whole(str(path), data)
 
 
 def csv_text(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:

@@ -9,11 +9,13 @@ import contextlib
 import json
 import os
 import platform
-import shutil
+import stat
 import time
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Mapping
 
+from mtbench.regular_files import GIB, read_regular
+from mtbench.results.files import atomic_write_bytes
 from mtbench.results.loggers import StepRow, flat_config, run_name, summary_metrics
 
 MLFLOW_BATCH = {"metrics": 1000, "params": 100}  # MLflow's log_batch limits per call
@@ -69,7 +71,20 @@ def tensorboard(settings: Mapping[str, Any], out_dir: Path, summary: Mapping[str
     if trace.is_file():  # profile=true: where TensorBoard's profile plugins look for a PyTorch trace
         plugin = log_dir / "plugins" / "profile" / time.strftime("%Y_%m_%d_%H_%M_%S")
         plugin.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(trace, plugin / f"{platform.node() or 'host'}.pt.trace.json.gz")
+        # read as a regular file of at most 1 GiB (never through a link), written as every result file is
+        atomic_write_bytes(plugin / f"{platform.node() or 'host'}.pt.trace.json.gz", read_regular(str(trace), GIB))
+
+
+def regular_files_under(folder: Path) -> Iterator[tuple]:
+    """(path, its folder relative to `folder` or None) of every regular file under `folder`: a link (to a file or
+    a folder, which another user may have planted in the job's folder) is never followed, nor uploaded."""
+    for root, dirs, names in os.walk(folder, followlinks=False):
+        dirs[:] = sorted(d for d in dirs if not os.path.islink(os.path.join(root, d)))
+        rel = os.path.relpath(root, folder)
+        for name in sorted(names):
+            path = Path(root) / name
+            if stat.S_ISREG(os.lstat(path).st_mode):
+                yield path, (None if rel == "." else rel)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -122,13 +137,10 @@ def mlflow(settings: Mapping[str, Any], out_dir: Path, summary: Mapping[str, Any
             for i in range(0, len(metrics), MLFLOW_BATCH["metrics"]):
                 client.log_batch(run_id, metrics=metrics[i:i + MLFLOW_BATCH["metrics"]])
             store = Path(uri[len("file:"):]).resolve() if uri.startswith("file:") else None
-            for entry in sorted(out_dir.iterdir()):
-                if store is not None and (entry.resolve() == store or store in entry.resolve().parents):
+            for path, folder in regular_files_under(out_dir):
+                if store is not None and (path.resolve() == store or store in path.resolve().parents):
                     continue  # a store inside the job's folder is not copied into itself
-                if entry.is_dir():
-                    client.log_artifacts(run_id, str(entry), artifact_path=entry.name)
-                elif entry.is_file():
-                    client.log_artifact(run_id, str(entry))
+                client.log_artifact(run_id, str(path), artifact_path=folder)
             status = "FINISHED" if summary.get("success") else "FAILED"
         finally:
             client.set_terminated(run_id, status)
