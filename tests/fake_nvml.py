@@ -5,8 +5,9 @@ moves only every `update_s` (~100 ms on real GPUs: 20 reads at 5 ms return the s
 `nvmlDeviceGetPowerUsage` is the average over the last second (Ampere and newer but GA100), refreshed at the
 same period; the instantaneous power is the field NVML_FI_DEV_POWER_INSTANT of `nvmlDeviceGetFieldValues`
 (each returned value carries its own `nvmlReturn`: a driver or GPU without it answers NOT_SUPPORTED there,
-not by raising), refreshed every `instant_update_s` with the mean power since its last refresh (its last digit moves at
-every refresh, as a real sensor's noise does); UUIDs read
+not by raising), refreshed every `instant_update_s` (100 ms) with the mean power over the last `instant_window_s`
+(25 ms) before the refresh, as A100/H100 drivers do (Yang et al., SC'24: 25 ms sampled in every 100 ms); its
+timestamp is the refresh's; its last digit moves at every refresh, as a real sensor's noise does; UUIDs read
 "GPU-<hex>" (torch prints the same hex without the prefix); errors are NVMLError subclasses whose text is
 NVML's (`NVMLError_NoPermission`: "Insufficient Permissions"); a Jetson answers NOT_SUPPORTED everywhere.
 A MIG-enabled GPU (`mig` = its instances' UUIDs) answers `nvmlDeviceGetMigMode` (1, 1), gives its instances
@@ -105,7 +106,7 @@ class _Energy:
 def fake_pynvml(gpus: Optional[List[FakeGpu]] = None, clock: Callable[[], float] = time.monotonic,
                 update_s: float = 0.1, power_window_s: float = 1.0, energy_supported: bool = True,
                 everything_unsupported: bool = False, boot_energy_mj: int = 987_654_321,
-                instant_update_s: float = 0.01) -> types.ModuleType:
+                instant_update_s: float = 0.1, instant_window_s: float = 0.025) -> types.ModuleType:
     gpus = list(gpus) if gpus is not None else [FakeGpu()]
     nv = types.ModuleType("pynvml")
     nv.NVMLError = NVMLError
@@ -161,7 +162,7 @@ def fake_pynvml(gpus: Optional[List[FakeGpu]] = None, clock: Callable[[], float]
             g = h.parent if isinstance(h, _MigHandle) else h
             if fid == NVML_FI_DEV_POWER_INSTANT and g.instant_supported and not isinstance(h, _MigHandle):
                 u = last_update(clock(), instant_update_s)
-                mw = (energy_j(g, u) - energy_j(g, u - instant_update_s)) / instant_update_s * 1000
+                mw = (energy_j(g, u) - energy_j(g, u - instant_window_s)) / instant_window_s * 1000
                 # a real reading's last digits move at every refresh (sensor noise): 1 mW of it here
                 value.value.uiVal = int(round(mw)) + int(round((u - t0) / instant_update_s)) % 2
                 value.nvmlReturn, value.timestamp = NVML_SUCCESS, int(u * 1e6)

@@ -203,3 +203,26 @@ def test_auto_probes_are_followed_by_an_untimed_step_unless_a_warm_up_step_follo
              "memory.select=probes", "target.memory_budget_bytes=2000000000"])
     assert s["success"], s["failure"]
     assert s["memory_plan"]["method"] == "probes" and s["memory_plan"]["untimed_steps_before"] == untimed
+
+
+def test_an_orin_rails_resolution_is_the_hwmon_update_interval(tmp_path):
+    """The ina3221 hwmon driver (L4T 35+) says how often its readings change in `update_interval` (ms): the rails
+    take it as their resolution (said as the device's), instead of learning it from the samples."""
+    from mtbench.sampling.jetson import JetsonSensor
+    from tests.fake_sysfs import make_orin
+
+    files = make_orin(tmp_path, {"VDD_IN": (5000.0, 1000.0), "VDD_CPU_GPU_CV": (5000.0, 400.0)})
+    (next(iter(files.values())).parent / "update_interval").write_text("100\n")
+    sensor = JetsonSensor(str(tmp_path))
+    try:
+        rails = [f for f in sensor.fields() if f.group == "power"]
+        assert rails and all(f.resolution_s == 0.1 and f.resolution_how == "device" for f in rails)
+        assert "update_interval, 100 ms" in rails[0].resolution_note
+    finally:
+        sensor.close()
+    (next(iter(files.values())).parent / "update_interval").unlink()  # the iio driver of L4T 32 has none
+    sensor = JetsonSensor(str(tmp_path))
+    try:
+        assert all(f.resolution_s is None for f in sensor.fields())
+    finally:
+        sensor.close()

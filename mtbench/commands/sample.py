@@ -206,7 +206,7 @@ def write(out, args, code, interrupted, samples, sampler, marks, status, t_start
         job={"command": args.command, "exit_code": code, "duration_s": t_end - t_start,
              "window": "marked steps" if measured else "whole run",
              "mem_peak_source": "process_tree_rss_sampled",
-             "sampler": {**sampler.stats(), "sensors": status},
+             "sampler": {**sampler.stats(), "sensors": status, "resolution": telemetry.get("resolution")},
              # the board, L4T release, power mode and core types on a Jetson (null elsewhere), as a job records them
              "env": dict(env.host(), jetson=env.jetson(args.sysfs_root))})
     if marks:

@@ -249,14 +249,14 @@ class Job:
                 "data_pipeline": self.pipeline.describe() if self.pipeline is not None else {"loader": "preloaded"},
                 "power_mode": self.power.summary(),
                 "memory_plan": self.planner.summary(self.mem),
-                "sampler": {**(self.sampler.stats() if self.sampler else {}), "sensors": self.sensor_status},
+                "sampler": {**(self.sampler.stats() if self.sampler else {}), "sensors": self.sensor_status,
+                            "resolution": telemetry.get("resolution")},  # each source's (sampling/resolution.py)
                 "env": described,
                 "config": OmegaConf.to_container(self.cfg, resolve=True),
             },
             extra=extra,
-            data_wait_s=None if self.pipeline is None else
-            [self.data_wait_s[m.index] for m in (self.sampler.marks if self.sampler else [])
-             if not m.warmup and m.index in self.data_wait_s])
+            data_wait_s=None if self.pipeline is None else [self.data_wait_s[m.index] for m in (
+                self.sampler.marks if self.sampler else []) if not m.warmup and m.index in self.data_wait_s])
 
 
 def run_job(cfg: DictConfig, out_dir: Path, notify: Optional[Callable[[str, Any], None]] = None) -> Dict[str, Any]:

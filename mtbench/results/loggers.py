@@ -16,7 +16,7 @@ from mtbench.results.files import atomic_write, csv_text
 LOGGERS = ("none", "csv", "tensorboard", "mlflow", "wandb")
 METRICS_CSV = "metrics.csv"
 # steps.csv's columns that say where a step is rather than what it measured
-NOT_METRICS = ("index", "start_s", "end_s", "warmup", "plan", "energy_j_null_reason")
+NOT_METRICS = ("index", "start_s", "end_s", "warmup", "plan", "energy_j_null_reason", "gpu_util_pct_null_reason")
 # the summary's headline figures, as each logger's run-level metrics: (name, path in summary.json)
 SUMMARY_METRICS = (
     ("step_time_s.median", ("step_time_s", "median")), ("step_time_s.p90", ("step_time_s", "p90")),

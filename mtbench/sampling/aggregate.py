@@ -36,15 +36,30 @@ def change_points(times: np.ndarray, values: np.ndarray):
 
 
 def counter_delta(times: np.ndarray, values: np.ndarray, start: float, end: float,
-                  coarse: bool = False) -> Optional[float]:
+                  coarse: bool = False, extend_s: float = 0.0) -> Optional[float]:
     """How much a cumulative counter grew over [start, end] (a gap in between loses nothing). A `coarse`
     counter (updated less often than sampled) is interpolated between its change points, not through the
-    flat repeats of a staircase."""
+    flat repeats of a staircase; an edge that lies before its first change point or after its last one, by at most
+    `extend_s` and inside the samples, is extrapolated at the rate of the neighbouring update (a job's first step
+    that began before the counter's first change while sampled)."""
     t, v = change_points(times, values) if coarse else _valid(times, values)
-    if len(t) < 2 or start < t[0] or end > t[-1]:
+    if len(t) < 2 or end < start:
         return None
-    lo, hi = np.interp([start, end], t, v)
-    return float(hi - lo)
+    sampled = _valid(times, values)[0]
+    if not (sampled[0] <= start and end <= sampled[-1]):
+        return None
+    if start < t[0] - extend_s or end > t[-1] + extend_s:
+        return None
+    return float(_extended(t, v, end) - _extended(t, v, start))
+
+
+def _extended(t: np.ndarray, v: np.ndarray, x: float) -> float:
+    """The piecewise-linear curve through (t, v) at x, its end segments extended beyond t[0] and t[-1]."""
+    if x < t[0]:
+        return float(v[0] - (v[1] - v[0]) / (t[1] - t[0]) * (t[0] - x))
+    if x > t[-1]:
+        return float(v[-1] + (v[-1] - v[-2]) / (t[-1] - t[-2]) * (x - t[-1]))
+    return float(np.interp(x, t, v))
 
 
 def integral(times: np.ndarray, values: np.ndarray, start: float, end: float,

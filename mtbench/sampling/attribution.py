@@ -17,7 +17,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from mtbench.sampling import aggregate
+from mtbench.sampling import aggregate, resolution, windows
+from mtbench.sampling.resolution import BELOW_RESOLUTION
 from mtbench.sampling.sampler import Samples
 from mtbench.sampling.sensor import GPU_UTIL
 from mtbench.sampling.windows import Rails
@@ -90,6 +91,8 @@ def attribute(intervals: Sequence[Interval], steps: Sequence[Tuple[float, float]
     steps_energy = 0.0
     total_known = bool(rails.total)
     unavailable: Dict[str, str] = {}  # rail -> why it gives no per-operation energy
+    below: Dict[str, str] = {}  # rail -> why some operations are too short for it
+    unresolved_rows: set = set()
     for rail in rails.names:
         # an operation lasts milliseconds: a counter that updates every 100 ms (NVML) cannot split them, so
         # the power integral does; a counter that changes about every sample (RAPL) is used as it is
@@ -111,29 +114,47 @@ def attribute(intervals: Sequence[Interval], steps: Sequence[Tuple[float, float]
         whole = per_name(cum[e_idx] - cum[s_idx]) * f.scale  # unsplit: the power while the op ran
         uncovered = float(piece[(k == 0) & in_step].sum())
         power = np.where(total_s > 0, whole / np.maximum(total_s, 1e-12), np.nan)
-        columns[f"power_w_{rail}"] = list(power) + [uncovered_power(piece, k, in_step, edges)]
-        columns[f"energy_j_{rail}"] = list(energy) + [uncovered]
+        # an op whose calls last less than its source resolves (a 100 ms NVML reading under 3 ms kernels): null
+        res = rails.resolution.get(f.name)
+        short = [res is not None and not res.resolves(total_s[i] / max(calls[i], 1)) for i in range(n)]
+        if any(short):
+            below[rail] = resolution.below(res, float(min(total_s[i] / max(calls[i], 1)
+                                                          for i in range(n) if short[i])))
+            unresolved_rows.update(i for i in range(n) if short[i])
+        columns[f"power_w_{rail}"] = [None if short[i] else power[i] for i in range(n)] + \
+            [uncovered_power(piece, k, in_step, edges)]
+        columns[f"energy_j_{rail}"] = [None if short[i] else energy[i] for i in range(n)] + [uncovered]
         if rail in rails.total:
             energy_total += np.concatenate([energy, [uncovered]])
             steps_energy += float(piece[in_step].sum())
     # utilization while each name ran (not split: it is a rate, not an amount)
     cpu = _cpu_during(samples, starts, ends, ids, n)
     gpu = _gauge_during(samples, GPU_UTIL, starts, ends, ids, n, total_s)
+    utils = list(windows.util_resolution(samples, interval_ms).values())
+    for i in range(n):  # a trailing-mean utilisation (NVML: up to 1 s) says nothing of a 3 ms op
+        if any(not r.resolves(total_s[i] / max(calls[i], 1)) for r in utils):
+            gpu[i] = None
+            unresolved_rows.add(i)
     header = ["name", "device", "calls", "total_s", "share_of_step_time"] + list(columns) + \
-             ["energy_j", "cpu_util_pct", "gpu_util_pct"]
+             ["energy_j", "cpu_util_pct", "gpu_util_pct", "null_reason"]
     devices = {iv.name: iv.device for iv in intervals}
     covered = _union_length(starts, ends, steps)
     rows = []
     for i, name in enumerate(names):
+        short = i in unresolved_rows
         rows.append([name, devices[name], int(calls[i]), total_s[i], total_s[i] / step_time if step_time else None]
                     + [c[i] for c in columns.values()]
-                    + [energy_total[i] if total_known else None, cpu[i], gpu[i]])
+                    + [energy_total[i] if total_known and not short else None, cpu[i], gpu[i],
+                       BELOW_RESOLUTION if short else ""])
     gap = step_time - covered
     rows.append([UNCOVERED, "", 0, gap, gap / step_time if step_time else None] + [c[n] for c in columns.values()]
-                + [energy_total[n] if total_known else None, None, None])
+                + [energy_total[n] if total_known else None, None, None, ""])
     rows.sort(key=lambda r: -(r[3] or 0))
     check = {"steps_energy_j": steps_energy if total_known and rails.total else None,
-             "rows_energy_j": float(energy_total.sum()) if total_known and rails.total else None,
+             # the rows add up to the steps' energy only where every row has its figure
+             "rows_energy_j": float(energy_total.sum()) if total_known and rails.total and not unresolved_rows
+             else None,
+             "below_resolution": below,
              "coverage": covered / step_time if step_time else None, "step_time_s": step_time,
              "energy_unavailable": unavailable}
     return header, rows, check

@@ -76,6 +76,21 @@ def find_gpu_load(root: str) -> Optional[str]:
     return None
 
 
+def update_interval(rail_file: str) -> dict:
+    """The hwmon ina3221 driver's `update_interval` (ms; L4T 35+) beside a rail's files, as Field's resolution
+    keywords: the chip's conversion time x averaged samples x enabled channels, the period its readings change
+    at. {} where the file is absent (the iio driver of L4T 32: learned from the samples)."""
+    text = read_text(os.path.join(os.path.dirname(rail_file), "update_interval"))
+    try:
+        ms = int(text) if text is not None else 0
+    except ValueError:
+        ms = 0
+    if ms <= 0:
+        return {}
+    return {"resolution_s": ms / 1000.0, "resolution_how": "device",
+            "resolution_note": f"the INA3221's hwmon update_interval, {ms} ms"}
+
+
 class _Rail:
     """One rail: read() gives its power in mW (None when a file gave nothing)."""
 
@@ -123,7 +138,7 @@ class JetsonSensor(Sensor):
         has_input = any(r.label in INPUT_RAILS for r in self.rails)
         self._fields = [
             Field(f"{_rail_key(r.label)}_power_mw", GAUGE, POWER, r.label, 1e-3,
-                  total=(r.label in INPUT_RAILS) if has_input else True)
+                  total=(r.label in INPUT_RAILS) if has_input else True, **update_interval(r.files[0].path))
             for r in self.rails
         ]
         load_path = find_gpu_load(root)

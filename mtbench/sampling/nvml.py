@@ -25,6 +25,17 @@ from mtbench.sampling.sensor import (
 NVML_FI_DEV_POWER_INSTANT = 186  # nvml.h; older nvidia-ml-py releases lack the constant
 NVML_DEVICE_ARCH_AMPERE = 7
 MAX_MIG_SLOTS = 7
+# each reading's documented update period (Field resolution keywords; sampling/resolution.py)
+UTIL_RESOLUTION = {"resolution_s": 1.0, "resolution_how": "documented",
+                   "resolution_note": "nvmlDeviceGetUtilizationRates: a trailing mean over 1/6 s to 1 s by product, "
+                                      "the longest taken"}
+INSTANT_RESOLUTION = {"resolution_s": 0.1, "resolution_how": "documented",
+                      "resolution_note": "NVML_FI_DEV_POWER_INSTANT: the mean of 25 ms sampled in every 100 ms, "
+                                         "refreshed every 100 ms (A100/H100, Yang et al. SC'24)"}
+AVERAGE_RESOLUTION = {"resolution_s": 1.0, "resolution_how": "documented",
+                      "resolution_note": "nvmlDeviceGetPowerUsage: a 1 s moving average"}
+ENERGY_RESOLUTION = {"resolution_s": 0.1, "resolution_how": "documented",
+                     "resolution_note": "nvmlDeviceGetTotalEnergyConsumption: refreshed about every 100 ms"}
 
 
 class _NotGiven(Exception):
@@ -143,20 +154,22 @@ class NvmlSensor(Sensor):
 
     def _add_gpu(self, i: int, h: Any, counted: bool, note: str) -> None:
         nv, rail = self.nv, f"gpu{i}"
-        self._try(Field(f"gpu{i}_util_pct", GAUGE, GPU_UTIL, str(i), job=counted, note=note),
+        self._try(Field(f"gpu{i}_util_pct", GAUGE, GPU_UTIL, str(i), job=counted, note=note, **UTIL_RESOLUTION),
                   lambda: nv.nvmlDeviceGetUtilizationRates(h), lambda v: float(v.gpu))
         average = self._power_usage_is_average(h)
         instant = self._try(Field(f"gpu{i}_power_mw", GAUGE, POWER, rail, 1e-3, total=counted, job=counted,
-                                  window_mean=True, note=note), lambda: self._instant_mw(h), float)
+                                  window_mean=True, note=note, **INSTANT_RESOLUTION), lambda: self._instant_mw(h),
+                            float)
         if average:
             self._try(Field(f"gpu{i}_power_avg_mw", GAUGE, POWER_AVG, rail, 1e-3, job=counted,
                             note="nvmlDeviceGetPowerUsage: a 1 s moving average on this GPU (Ampere and newer "
-                                 "but GA100); recorded, never integrated over a step"),
+                                 "but GA100); recorded, never integrated over a step", **AVERAGE_RESOLUTION),
                       lambda: nv.nvmlDeviceGetPowerUsage(h), float)
         elif not instant:  # Volta, Turing, GA100: the reading is the power now
             self._try(Field(f"gpu{i}_power_mw", GAUGE, POWER, rail, 1e-3, total=counted, job=counted, note=note),
                       lambda: nv.nvmlDeviceGetPowerUsage(h), float)
-        self._try(Field(f"gpu{i}_energy_mj", COUNTER, ENERGY, rail, 1e-3, total=counted, job=counted, note=note),
+        self._try(Field(f"gpu{i}_energy_mj", COUNTER, ENERGY, rail, 1e-3, total=counted, job=counted, note=note,
+                        **ENERGY_RESOLUTION),
                   lambda: nv.nvmlDeviceGetTotalEnergyConsumption(h), float)
         self._try(Field(f"gpu{i}_mem_used_bytes", GAUGE, "gpu_mem", str(i), job=counted, note=note),
                   lambda: nv.nvmlDeviceGetMemoryInfo(h), lambda v: float(v.used))

@@ -32,6 +32,12 @@ class Field:
     # that averages over its refresh period, e.g. NVML's instantaneous power): the value seen first at a
     # change covers the time back to the change before it, not the time after it
     note: str = ""  # how this field enters the job's figures, said in the summary (e.g. "every GPU NVML sees")
+    # the source's update period where the device says it ("device": hwmon's update_interval) or its documented
+    # behaviour fixes it ("documented": NVML's 100 ms instant power); None: learned from the samples
+    # (sampling/resolution.py)
+    resolution_s: Optional[float] = None
+    resolution_how: str = ""
+    resolution_note: str = ""  # where the period comes from, in words
 
 
 # the groups the summary aggregates, and their SI units after `scale`
