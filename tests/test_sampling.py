@@ -351,13 +351,19 @@ def test_a_watched_process_that_exited_has_no_rss_even_before_it_is_reaped():
 
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.3)"])
     sensor = ProcfsSensor(pid=child.pid)
-    ticks, rss = sensor.decode(sensor.read_raw())[-3:-1]
-    assert rss is not None and rss > 0
+    names = [f.name for f in sensor.fields()]
+
+    def figures():
+        values = dict(zip(names, sensor.decode(sensor.read_raw())))
+        return values["proc_cpu_ticks"], values["proc_rss_bytes"], values["proc_anon_bytes"]
+
+    ticks, rss, anon = figures()
+    assert rss is not None and rss > 0 and anon is not None and 0 <= anon <= rss
     deadline = time.monotonic() + 30
     while open(f"/proc/{child.pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z":
         assert time.monotonic() < deadline, "the child never exited"
         time.sleep(0.02)
-    zombie_ticks, zombie_rss = sensor.decode(sensor.read_raw())[-3:-1]  # exited, not yet waited for
-    assert zombie_rss is None and zombie_ticks is not None and zombie_ticks >= ticks
+    zombie_ticks, zombie_rss, zombie_anon = figures()  # exited, not yet waited for
+    assert zombie_rss is None and zombie_anon is None and zombie_ticks is not None and zombie_ticks >= ticks
     child.wait()
-    assert sensor.decode(sensor.read_raw())[-3:-1] == [None, None]
+    assert figures() == (None, None, None)

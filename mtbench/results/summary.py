@@ -9,7 +9,7 @@ from mtbench.results.files import SCHEMA, stats
 
 # figures that are null with a reason in `unavailable`, never a silent null or a 0
 FIGURE_KEYS = ("cpu_util_pct", "process_cpu_pct", "gpu_util_pct", "power_w", "energy_j", "mem_peak_bytes",
-               "mem_system_peak_bytes", "mem_breakdown_bytes", "loss", "data_wait_s", "data_wait_share")
+               "mem_system_peak_bytes", "mem_training_bytes", "mem_breakdown_bytes", "loss", "data_wait_s", "data_wait_share")
 # keys every job's summary holds beside the required ones (null where the job did not get that far)
 JOB_KEYS = ("mem_peak_source", "mem_baseline_bytes", "mem_runtime_bytes", "mem_fragmentation_bytes", "target", "budget_bytes",
             "budget_enforced_by", "parameters", "cudnn_benchmark", "data_pipeline", "power_mode", "memory_plan",
@@ -58,6 +58,8 @@ def build_summary(*, model: Optional[str], batch_size: Optional[int], device: st
     figures = {**figures, **_loss_figures(losses), "data_wait_s": stats(waits),
                "data_wait_share": sum(waits) / loop_s if waits and loop_s > 0 else None}
     summary.update({k: figures.get(k) for k in FIGURE_KEYS})
+    # training memory is the training process's anonymous memory, sampled (docs/memory.md "Training memory")
+    summary["mem_training_source"] = "rss_anon_sampled" if summary["mem_training_bytes"] is not None else None
     if "losses" in figures:
         summary["losses"] = figures["losses"]
     unavailable = dict(reasons)

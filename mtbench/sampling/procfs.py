@@ -117,6 +117,13 @@ def parse_rss(statm: bytes) -> int:
     return int(statm.split()[1]) * PAGE_SIZE
 
 
+def parse_anon(statm: bytes) -> int:
+    """Anonymous resident bytes of one process (RssAnon) from its /proc/<pid>/statm: resident less shared (the
+    file-backed and shmem pages), the memory a process owns whatever the page cache holds."""
+    fields = statm.split()
+    return (int(fields[1]) - int(fields[2])) * PAGE_SIZE
+
+
 def parse_proc(stat: bytes, statm: bytes) -> Tuple[int, int]:
     """(CPU ticks, RSS bytes) of one process from its /proc/<pid>/stat and statm."""
     return parse_stat(stat)[2], parse_rss(statm)
@@ -303,6 +310,8 @@ class ProcfsSensor(Sensor):
             self._fields.append(Field(f"cpu{c}_total_ticks", COUNTER, "cpu_total", str(c)))
         self._fields.append(Field("proc_cpu_ticks", COUNTER, "proc_cpu"))
         self._fields.append(Field("proc_rss_bytes", GAUGE, "proc_rss"))
+        if not self.tree:  # the training process's own anonymous memory: training memory (docs/memory.md)
+            self._fields.append(Field("proc_anon_bytes", GAUGE, "proc_anon"))
         if self._meminfo_fd is not None:
             self._fields.append(Field("sys_mem_used_bytes", GAUGE, "sys_mem"))
 
@@ -407,18 +416,21 @@ class ProcfsSensor(Sensor):
 
     @staticmethod
     def _process_figures(cpu: Union[int, bytes, None], statm: Optional[bytes]) -> List[Optional[float]]:
-        """[CPU ticks, RSS bytes] of the one watched process, from its CPU clock (ns) or stat file, and statm."""
+        """[CPU ticks, RSS bytes, anonymous RSS bytes] of the one watched process, from its CPU clock (ns) or stat
+        file, and statm."""
         # a zombie (exited, not yet waited for): its CPU time is final and still right, its statm all zeros
         zombie = statm is not None and statm.split()[:1] == [b"0"]
+        anon: Optional[int] = None
         try:
             rss: Optional[int] = parse_rss(statm) if statm is not None and not zombie else None
+            anon = parse_anon(statm) if statm is not None and not zombie else None
             if isinstance(cpu, bytes):
                 ticks: Optional[float] = float(parse_proc(cpu, statm)[0]) if statm is not None else None
             else:  # the CPU clock counts nanoseconds: in ticks, as /proc/<pid>/stat says them, with the fraction
                 ticks = cpu * USER_HZ / 1e9 if cpu is not None else None
         except (IndexError, ValueError):
-            ticks = rss = None
-        return [ticks, rss]
+            ticks = rss = anon = None
+        return [ticks, rss, anon]
 
     def close(self) -> None:
         for fd in (self._stat_fd, self._meminfo_fd):

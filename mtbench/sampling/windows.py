@@ -25,6 +25,7 @@ from mtbench.sampling.sampler import Samples, StepMark
 from mtbench.sampling.sensor import ENERGY, GPU_UTIL, POWER
 
 SYS_MEM = "sys_mem"  # gauge, bytes: MemTotal - MemAvailable
+PROC_ANON = "proc_anon"  # gauge, bytes: the training process's RssAnon
 
 
 def _counter_sum(samples: Samples, name: str, spans: Sequence[Window]) -> Optional[float]:
@@ -94,7 +95,19 @@ def process_cpu_pct(samples: Samples, spans: Sequence[Window]) -> Optional[float
 def system_memory_peak_bytes(samples: Samples, spans: Sequence[Window]) -> Optional[int]:
     """The highest MemTotal - MemAvailable sampled inside the windows (the samples just outside a window
     stand in for one too short to hold a sample)."""
-    fields = samples.group(SYS_MEM)
+    return gauge_peak(samples, SYS_MEM, spans)
+
+
+def training_memory_peak_bytes(samples: Samples, spans: Sequence[Window]) -> Optional[int]:
+    """Training memory: the highest anonymous resident size (RssAnon) of the training process sampled inside the
+    windows. It leaves out the file-backed pages (the libraries' code) that VmHWM counts, whose number follows
+    the page cache, not the training (docs/memory.md)."""
+    return gauge_peak(samples, PROC_ANON, spans)
+
+
+def gauge_peak(samples: Samples, group: str, spans: Sequence[Window]) -> Optional[int]:
+    """The highest value of the group's first gauge sampled inside the windows."""
+    fields = samples.group(group)
     if not fields or not spans:
         return None
     t, v = samples.time_s, samples.columns[fields[0].name]
@@ -161,14 +174,15 @@ def gpu_utilization(samples: Samples, spans: Sequence[Window], interval_ms: floa
 # the sample groups behind each figure, for the reason a figure is null
 FIGURE_GROUPS = {"cpu_util_pct": ["cpu_busy", "cpu_total"], "process_cpu_pct": ["proc_cpu"],
                  "gpu_util_pct": [GPU_UTIL], "power_w": [POWER, ENERGY], "energy_j": [POWER, ENERGY],
-                 "mem_system_peak_bytes": [SYS_MEM]}
+                 "mem_system_peak_bytes": [SYS_MEM], "mem_training_bytes": [PROC_ANON]}
 
 
 def summarize(samples: Samples, marks: Sequence[StepMark], interval_ms: float) -> Dict[str, Any]:
     """The contract's telemetry figures over the measured (non-warm-up) steps, and why any is null."""
     measured = [m for m in marks if not m.warmup]
     out: Dict[str, Any] = {"cpu_util_pct": None, "process_cpu_pct": None, "gpu_util_pct": None,
-                           "power_w": None, "energy_j": None, "mem_system_peak_bytes": None}
+                           "power_w": None, "energy_j": None, "mem_system_peak_bytes": None,
+                           "mem_training_bytes": None}
     if not measured or len(samples) < 2:
         reason = "no measured step" if not measured else f"too few samples ({len(samples)})"
         out["unavailable"] = {k: reason for k in out}
@@ -179,6 +193,7 @@ def summarize(samples: Samples, marks: Sequence[StepMark], interval_ms: float) -
     out["process_cpu_pct"] = process_cpu_pct(samples, spans)
     out["gpu_util_pct"] = gpu_utilization(samples, spans, interval_ms)
     out["mem_system_peak_bytes"] = system_memory_peak_bytes(samples, spans)
+    out["mem_training_bytes"] = training_memory_peak_bytes(samples, spans)
     rails = Rails(samples, interval_ms)
     unavailable: Dict[str, str] = {}
     if rails.names:
