@@ -351,3 +351,18 @@ def test_sigterm_to_a_sweep_keeps_the_running_jobs_summary_and_stops_it(tmp_path
     assert stopped["failure"]["kind"] == "terminated" and stopped["measured_steps"] >= 1, stopped["failure"]
     assert (tmp_path / "1-squeezenet-b1" / "steps.csv").exists()
     assert "mtbench: terminated by SIGTERM" in err
+
+
+@pytest.mark.slow
+def test_a_job_that_dies_records_the_budget_a_finished_one_records(tmp_path):
+    """memory.budget_gb replaces the target's budget: a finished job recorded it, a job whose process died recorded
+    the board's (issue 48). Both read device.budget.job_budget now."""
+    budget = ["target=nano", "memory.budget_gb=1.25"]
+    died = isolated(tmp_path / "died", *FAKE, "model.workload._target_=tests.fake_workloads.Signalled",
+                    "+model.workload.signal=SIGKILL", "steps=3", *budget)
+    assert died.returncode == 0, died.stderr
+    finished = isolated(tmp_path / "finished", "model=squeezenet", "batch=1", "memory.breakdown=false", *budget)
+    assert finished.returncode == 0, finished.stderr
+    records = [json.loads((tmp_path / name / "summary.json").read_text()) for name in ("died", "finished")]
+    assert records[0]["failure"]["kind"] == "killed" and records[1]["success"], records[1].get("failure")
+    assert records[0]["budget_bytes"] == records[1]["budget_bytes"] == int(1.25 * 2**30)

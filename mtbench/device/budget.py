@@ -1,10 +1,11 @@
 """Hold a job to a target board's memory budget: cap the CUDA allocator before the model exists, or check the CPU peak."""
 from __future__ import annotations
 
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Tuple
 
 import torch
 
+from mtbench.config import setting
 from mtbench.device.targets import Target
 
 # On CPU the budget is compared with the job's own memory: the process's resident high-water mark over the
@@ -29,6 +30,19 @@ def target_from_cfg(cfg: Any) -> Target:
     if isinstance(node, DictConfig):
         node = OmegaConf.to_container(node, resolve=True)
     return Target.from_mapping(node)
+
+
+def job_budget(cfg: Any) -> Tuple[Optional[int], Optional[str]]:
+    """The one memory budget of a job and where it comes from: memory.budget_gb (GiB) where set, else the target's
+    memory_budget_bytes; (None, None) without either. The planner holds the job to it and a dead job's summary
+    records it, so that a job records the same budget however it ends."""
+    gb = setting(cfg, "memory.budget_gb", None)
+    if gb is not None:
+        return int(float(gb) * 2**30), "memory.budget_gb"
+    target = target_from_cfg(cfg)
+    if target.memory_budget_bytes is not None:
+        return int(target.memory_budget_bytes), f"target {target.name}"
+    return None, None
 
 
 def apply_budget(target: Target, device: torch.device, cpu_malloc: str = "auto") -> Dict[str, Any]:

@@ -17,6 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from mtbench.config import JobSpec
 from mtbench.device import env, power
+from mtbench.device.budget import job_budget
 from mtbench.device.oom import is_oom_text
 from mtbench.errors import UsageError, describe_error, print_error
 from mtbench.job import signals
@@ -345,7 +346,7 @@ def _summary_of_dead_job(cfg: DictConfig, out_dir: Path, exitcode: Optional[int]
         figures={}, reasons={}, null_reason=DIED,
         job={
             "target": cfg.get("target", {}).get("name", "none"),
-            "budget_bytes": cfg.get("target", {}).get("memory_budget_bytes"),
+            "budget_bytes": job_budget(cfg)[0],  # as a finished job records it: memory.budget_gb wins
             "sampler": {"interval_ms": cfg.sampler.interval_ms, "samples": 0},
             "env": started.get("env") or env.host(),
             "config": OmegaConf.to_container(cfg, resolve=True),

@@ -9,7 +9,8 @@ from typing import Any, Callable, Dict, List, Optional
 
 import torch
 
-from mtbench.device.budget import apply_budget, budget_failure, compared_bytes, release_budget, target_from_cfg
+from mtbench.device.budget import (apply_budget, budget_failure, compared_bytes, job_budget, release_budget,
+                                   target_from_cfg)
 from mtbench.device import hugepages, peak
 from mtbench.device.select import sync
 from mtbench.device.targets import Target
@@ -34,13 +35,7 @@ class Planner:
         self.cfg = cfg
         self.settings: PlanSettings = settings_from_cfg(cfg)
         self.select = setting(cfg, "memory.select", "auto")
-        target_budget = None
-        target = cfg.get("target") if hasattr(cfg, "get") else None
-        if target is not None and target.get("memory_budget_bytes") is not None:
-            target_budget = int(target.get("memory_budget_bytes"))
-        self.budget_bytes: Optional[int] = self.settings.budget_bytes or target_budget
-        self.budget_source = ("memory.budget_gb" if self.settings.budget_bytes else
-                              f"target {target.get('name')}" if target_budget else None)
+        self.budget_bytes, self.budget_source = job_budget(cfg)  # the one budget of the job
         self.watch = BudgetFile(self.settings.budget_file) if self.settings.budget_file else None
         if self.settings.plan == "auto" and self.budget_bytes is None and self.watch is None:
             raise UsageError("memory.plan=auto needs a budget; allowed: target=<board> (e.g. target=nano), "
