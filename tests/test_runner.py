@@ -161,7 +161,9 @@ def test_busy_loop_reads_one_full_core(run, tmp_path):
     rows = [[float(x) for x in line.split()] for line in truth_file.read_text().splitlines()]
     measured = rows[-s["measured_steps"]:]
     own_pct = 100.0 * sum(cpu for cpu, _ in measured) / sum(wall for _, wall in measured)
-    assert own_pct > 50, own_pct  # it did spin
+    # it did spin: some CPU time (how much of a core it got is the neighbours' to decide: 49 % beside two busy loops
+    # and the suite's other worker on two cores)
+    assert sum(cpu for cpu, _ in measured) > 0.05 and own_pct > 5, own_pct
     # the sensor reads the same clock, interpolated between samples at the steps' edges: within 1 point here, alone
     # or beside one other spinning process; 6 points off with three spinning processes on two cores (samples late)
     assert s["process_cpu_pct"] == pytest.approx(own_pct, abs=5), (s["process_cpu_pct"], own_pct)
