@@ -350,7 +350,10 @@ def test_jtop_never_blocks_the_sampler(monkeypatch, version):
         sensor.close()
     span = samples.time_s[-1] - samples.time_s[0]
     procfs_valid = int((~np.isnan(samples.columns["cpu0_busy_ticks"])).sum())
-    assert procfs_valid >= 0.99 * (span / 0.005 + 1), (procfs_valid, span)
+    # a blocking ok() would leave one sample per 0.5 s refresh (about 1 % of them) and 0.5 s holes; a loaded machine
+    # delays a few of the thread's wake-ups (437 of 442 beside two busy loops), which is not what this checks
+    assert procfs_valid >= 0.8 * (span / 0.005 + 1), (procfs_valid, span)
+    assert float(np.max(np.diff(samples.time_s))) < 0.25, float(np.max(np.diff(samples.time_s)))
     assert module.jtop.instances[-1].ok_calls == 0
     jtop_times = samples.time_s[~np.isnan(samples.columns["jtop_VDD_IN_power_mw"])]
     assert len(jtop_times) >= 4  # one per refresh

@@ -7,6 +7,7 @@ import torch
 
 from mtbench.config import setting
 from mtbench.device.targets import Target
+from mtbench.errors import UsageError
 
 # On CPU the budget is compared with the job's own memory: the process's resident high-water mark over the
 # measured steps (PeakMemory, "mem_peak_bytes") less what the process held before the model was built (torch and
@@ -39,7 +40,10 @@ def job_budget(cfg: Any) -> Tuple[Optional[int], Optional[str]]:
     gb = setting(cfg, "memory.budget_gb", None)
     if gb is not None:
         return int(float(gb) * 2**30), "memory.budget_gb"
-    target = target_from_cfg(cfg)
+    try:
+        target = target_from_cfg(cfg)
+    except (ValueError, TypeError, UsageError):  # a target the job refuses (its summary says why): no budget
+        return None, None
     if target.memory_budget_bytes is not None:
         return int(target.memory_budget_bytes), f"target {target.name}"
     return None, None
