@@ -25,6 +25,12 @@ EXTEND_PERIODS = 1.5
 Window = Tuple[float, float]  # (start_s, end_s) on the monotonic clock
 
 
+def sample_interval_s(samples: Samples, interval_ms: float) -> float:
+    """The run's sampling interval as achieved: the median time between samples (the asked one without two)."""
+    gaps = np.diff(samples.time_s)
+    return float(np.median(gaps)) if len(gaps) else interval_ms / 1000.0
+
+
 def max_gap_s(interval_ms: float) -> float:
     return max(0.05, MAX_GAP_INTERVALS * interval_ms / 1000.0)
 
@@ -47,8 +53,7 @@ class Rails:
         self.fields = {r: (self.energy.get(r) or self.power[r]) for r in self.names}
         self.total = total_rails(samples.fields)  # the rule the live line's watts follow too
         self.gap = {r: field_gap_s(samples, f, interval_ms) for r, f in self.power.items()}
-        gaps = np.diff(samples.time_s)
-        self.sample_s = float(np.median(gaps)) if len(gaps) else interval_ms / 1000.0
+        self.sample_s = sample_interval_s(samples, interval_ms)
         # how often each source really updates (NVML's counter and instant power: 100 ms; RAPL: faster than we
         # sample; jtop: 2 Hz), declared or learned
         self.resolution: Dict[str, resolution.Resolution] = {
@@ -88,15 +93,25 @@ class Rails:
         counter where it resolves them, else the power integral where the power reading does; else None with
         "below_resolution" (a power reading too slow for them) or "unresolved" (a counter-only rail)."""
         seconds = sum(b - a for a, b in spans)
-        if self.resolves(rail, seconds):
+        source = self.source_for(rail, seconds)
+        if source == "counter":
             value = _sum([self.counter_j(rail, a, b) for a, b in spans])
             if value is not None or rail not in self.power:
                 return value, "counter"
-        if self.power_resolves(rail, seconds):
+            # the counter's samples do not cover the windows: its power reading may, where it resolves them
+            source = "power_integral" if self.power_resolves(rail, seconds) else BELOW_RESOLUTION
+        if source == "power_integral":
             return _sum([self.integrated_j(rail, a, b) for a, b in spans]), "power_integral"
-        if rail in self.power:
-            return None, BELOW_RESOLUTION
-        return None, "unresolved"
+        return None, source
+
+    def source_for(self, rail: str, seconds: float) -> str:
+        """Where a rail's energy over windows this long comes from: "counter", "power_integral", or none of them
+        (BELOW_RESOLUTION: a power reading too slow for them; "unresolved": a counter-only rail)."""
+        if self.resolves(rail, seconds):
+            return "counter"
+        if self.power_resolves(rail, seconds):
+            return "power_integral"
+        return BELOW_RESOLUTION if rail in self.power else "unresolved"
 
     def code(self, rail: str, source: str) -> str:
         """The short code of a rail's null energy over a window, from `spans_j`'s source."""

@@ -19,7 +19,7 @@ import numpy as np
 
 from mtbench.sampling import aggregate, resolution, thermal
 from mtbench.sampling.procfs import USER_HZ
-from mtbench.sampling.rails import Rails, Window, _sum, field_gap_s, why_null
+from mtbench.sampling.rails import Rails, Window, _sum, field_gap_s, sample_interval_s, why_null
 from mtbench.sampling.resolution import BELOW_RESOLUTION, NO_TOTAL_RAIL, NOT_COVERED
 from mtbench.sampling.sampler import Samples, StepMark
 from mtbench.sampling.sensor import ENERGY, GPU_UTIL, POWER
@@ -125,27 +125,28 @@ def gauge_peak(samples: Samples, group: str, spans: Sequence[Window]) -> Optiona
 
 
 
-def _sample_s(samples: Samples, interval_ms: float) -> float:
-    gaps = np.diff(samples.time_s)
-    return float(np.median(gaps)) if len(gaps) else interval_ms / 1000.0
+Resolutions = Dict[str, resolution.Resolution]  # by field name
 
 
-def util_resolution(samples: Samples, interval_ms: float) -> Dict[str, resolution.Resolution]:
-    """The resolution of each GPU utilisation field, by field name."""
-    sample_s = _sample_s(samples, interval_ms)
+def util_resolution(samples: Samples, interval_ms: float) -> Resolutions:
+    """The resolution of each GPU utilisation field, by field name (learning one reads all its samples: a caller
+    that judges many windows computes this once and passes it on)."""
+    sample_s = sample_interval_s(samples, interval_ms)
     return {f.name: resolution.of_field(samples.time_s, samples.columns[f.name], f, sample_s)
             for f in samples.group(GPU_UTIL)}
 
 
-def util_below(samples: Samples, spans: Sequence[Window], interval_ms: float) -> Optional[str]:
+def util_below(samples: Samples, spans: Sequence[Window], interval_ms: float,
+               resolutions: Optional[Resolutions] = None) -> Optional[str]:
     """The sentence where the job's GPU utilisation sources do not resolve windows this long, else None."""
     seconds = sum(b - a for a, b in spans)
-    slow = [r for f, r in zip(samples.group(GPU_UTIL), util_resolution(samples, interval_ms).values())
-            if f.job and not r.resolves(seconds)]
+    resolutions = util_resolution(samples, interval_ms) if resolutions is None else resolutions
+    slow = [resolutions[f.name] for f in samples.group(GPU_UTIL) if f.job and not resolutions[f.name].resolves(seconds)]
     return "; ".join(resolution.below(r, seconds) for r in slow) or None
 
 
-def gpu_utilization(samples: Samples, spans: Sequence[Window], interval_ms: float) -> Optional[Dict[str, Any]]:
+def gpu_utilization(samples: Samples, spans: Sequence[Window], interval_ms: float,
+                    resolutions: Optional[Resolutions] = None) -> Optional[Dict[str, Any]]:
     """Busy % per GPU over the windows (null for a GPU whose source does not resolve them); the mean covers only
     the GPUs the job runs on."""
     fields = samples.group(GPU_UTIL)
@@ -153,7 +154,7 @@ def gpu_utilization(samples: Samples, spans: Sequence[Window], interval_ms: floa
     if not fields or seconds <= 0:
         return None
     per_gpu = {}
-    resolutions = util_resolution(samples, interval_ms)
+    resolutions = util_resolution(samples, interval_ms) if resolutions is None else resolutions
     for f in fields:
         if not resolutions[f.name].resolves(seconds):
             per_gpu[f.key] = None
@@ -191,7 +192,9 @@ def summarize(samples: Samples, marks: Sequence[StepMark], interval_ms: float) -
     spans = [(m.start_s, m.end_s) for m in measured]
     out["cpu_util_pct"] = cpu_utilization(samples, spans)
     out["process_cpu_pct"] = process_cpu_pct(samples, spans)
-    out["gpu_util_pct"] = gpu_utilization(samples, spans, interval_ms)
+    utils = util_resolution(samples, interval_ms)
+    shortest = min(m.end_s - m.start_s for m in measured)  # the shortest step: the per-step figures' test
+    out["gpu_util_pct"] = gpu_utilization(samples, spans, interval_ms, utils)
     out["mem_system_peak_bytes"] = system_memory_peak_bytes(samples, spans)
     out["mem_training_bytes"] = training_memory_peak_bytes(samples, spans)
     rails = Rails(samples, interval_ms)
@@ -225,19 +228,17 @@ def summarize(samples: Samples, marks: Sequence[StepMark], interval_ms: float) -
                                                 for r in rails.names)
         # a step's energy where the steps are shorter than the sources resolve: one sentence per source here,
         # the short code in each row of steps.csv
-        shortest = min(m.end_s - m.start_s for m in measured)
-        steps_below = sorted({r for r in rails.total or rails.names
-                              if rails.spans_j(r, [(0.0, shortest)])[1] in (BELOW_RESOLUTION, "unresolved")
-                              and (rails.counter_period_s.get(r) or rails.power_period_s.get(r))})
+        step_source = {r: rails.source_for(r, shortest) for r in rails.total or rails.names}
+        steps_below = sorted(r for r, source in step_source.items() if source in (BELOW_RESOLUTION, "unresolved")
+                             and (rails.counter_period_s.get(r) or rails.power_period_s.get(r)))
         if steps_below:
             unavailable["steps.energy_j"] = "; ".join(
-                rails.why(r, rails.spans_j(r, [(0.0, shortest)])[1], shortest, samples, spans) for r in steps_below)
-    util_slow = util_below(samples, spans, interval_ms)
+                rails.why(r, step_source[r], shortest, samples, spans) for r in steps_below)
+    util_slow = util_below(samples, spans, interval_ms, utils)
     if util_slow is not None:
         unavailable["gpu_util_pct"] = util_slow
-    if measured and samples.group(GPU_UTIL):
-        shortest = min(m.end_s - m.start_s for m in measured)
-        step_slow = util_below(samples, [(0.0, shortest)], interval_ms)
+    if utils:
+        step_slow = util_below(samples, [(0.0, shortest)], interval_ms, utils)
         if step_slow is not None:
             unavailable["steps.gpu_util_pct"] = step_slow
     gpu = out["gpu_util_pct"]
@@ -253,7 +254,7 @@ def summarize(samples: Samples, marks: Sequence[StepMark], interval_ms: float) -
             unavailable[key] = why_null(samples, fields, spans)
     out["unavailable"] = unavailable
     out["resolution"] = {**{name: r.as_dict() for name, r in rails.resolution.items()},
-                         **{name: r.as_dict() for name, r in util_resolution(samples, interval_ms).items()}}
+                         **{name: r.as_dict() for name, r in utils.items()}}
     return out
 
 
@@ -265,6 +266,7 @@ def step_rows(marks: Sequence[StepMark], samples: Samples, interval_ms: float,
     whole = cpu_util_by_core_type(samples, [(m.start_s, m.end_s) for m in marks], cores) if cores and marks else None
     types = sorted(whole) if whole else []
     utils = samples.group(GPU_UTIL)
+    util_res = util_resolution(samples, interval_ms)  # once: learning a resolution reads every sample
     header = ["index", "start_s", "end_s", "duration_s", "warmup", "cpu_util_pct", "process_cpu_pct",
               "gpu_util_pct"] + (["gpu_util_pct_null_reason"] if utils else []) + \
         [f"cpu_util_pct_{t}" for t in types] + [f"energy_j_{r}" for r in rails.names] + \
@@ -273,7 +275,7 @@ def step_rows(marks: Sequence[StepMark], samples: Samples, interval_ms: float,
     for m in marks:
         span = [(m.start_s, m.end_s)]
         cpu = cpu_utilization(samples, span)
-        gpu = gpu_utilization(samples, span, interval_ms)
+        gpu = gpu_utilization(samples, span, interval_ms, util_res)
         gpu_mean = gpu and gpu["mean"]
         found = [rails.spans_j(r, span) for r in rails.names]
         energies = [e for e, _ in found]
@@ -282,7 +284,7 @@ def step_rows(marks: Sequence[StepMark], samples: Samples, interval_ms: float,
                _round(cpu and cpu["mean"]), _round(process_cpu_pct(samples, span)), _round(gpu_mean)]
         if utils:  # the short code; summary.json's unavailable["steps.gpu_util_pct"] holds the sentence
             row.append("" if gpu_mean is not None else
-                       BELOW_RESOLUTION if util_below(samples, span, interval_ms) else NOT_COVERED)
+                       BELOW_RESOLUTION if util_below(samples, span, interval_ms, util_res) else NOT_COVERED)
         row += [_round((by_type.get(t) or {}).get("mean")) for t in types] + [_round(e, 6) for e in energies]
         if rails.names:
             total = _sum([e for r, e in zip(rails.names, energies) if r in rails.total])
