@@ -71,17 +71,24 @@ def test_a_default_folder_under_a_parent_another_user_made_is_refused(tmp_path):
     assert "belongs to uid 65534" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
 
 
+def record_in_a_job_folder(tmp_path: Path, victim: Path, text: str) -> Path:
+    """A job folder of root's holding a 0600 power restore record that writes `text` into `victim`."""
+    job = tmp_path / "job"
+    job.mkdir()
+    record = job / "power_restore.json"
+    record.write_text(json.dumps({"root": "/", "files": [[str(victim).lstrip("/"), text]]}))
+    os.chmod(record, 0o600)
+    return record
+
+
 def test_a_record_of_another_user_is_not_applied_even_in_roots_folder(tmp_path):
     from mtbench.device import power
 
     victim = victim_file(tmp_path)
     before = bytes_and_mode(victim)
-    job = tmp_path / "job"
-    job.mkdir()
-    record = job / "power_restore.json"
-    record.write_text(json.dumps({"root": "/", "files": [[str(victim).lstrip("/"), "PWNED"]]}))
+    record = record_in_a_job_folder(tmp_path, victim, "PWNED")
     os.chown(record, 65534, 65534)  # as if another user had put it there
-    assert power.restore_left(job, "/") is False
+    assert power.restore_left(record.parent, "/") is False
     assert bytes_and_mode(victim) == before
 
 
@@ -90,11 +97,8 @@ def test_a_record_for_another_sysfs_root_is_not_applied(tmp_path):
 
     victim = victim_file(tmp_path)
     before = bytes_and_mode(victim)
-    job = tmp_path / "job"
-    job.mkdir()
-    (job / "power_restore.json").write_text(json.dumps({"root": "/", "files": [[str(victim).lstrip("/"), "X"]]}))
-    os.chmod(job / "power_restore.json", 0o600)
-    assert power.restore_left(job, str(tmp_path / "fake-sysfs")) is False
+    record = record_in_a_job_folder(tmp_path, victim, "X")
+    assert power.restore_left(record.parent, str(tmp_path / "fake-sysfs")) is False
     assert bytes_and_mode(victim) == before
 
 
@@ -104,10 +108,8 @@ def test_a_job_without_power_keys_reads_no_record(tmp_path):
 
     victim = victim_file(tmp_path)
     before = bytes_and_mode(victim)
-    job = tmp_path / "job"
-    job.mkdir()
-    (job / "power_restore.json").write_text(json.dumps({"root": "/", "files": [[str(victim).lstrip("/"), "X"]]}))
-    os.chmod(job / "power_restore.json", 0o600)
+    record = record_in_a_job_folder(tmp_path, victim, "X")
+    job = record.parent
     restore_power(compose_cfg(["model=squeezenet"]), job)
     assert bytes_and_mode(victim) == before and (job / "power_restore.json").exists()
 

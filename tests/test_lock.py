@@ -11,8 +11,8 @@ import torch
 
 from mtbench.errors import UsageError
 from mtbench.job.lock import DeviceLock
+from tests.helpers.hostile import as_nobody
 
-NOBODY = 65534
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="planting as another user needs root (setuid to nobody)")
 
 
@@ -26,22 +26,6 @@ def shared():
     for name in os.listdir(folder):
         os.unlink(os.path.join(folder, name))
     os.rmdir(folder)
-
-
-def as_nobody(action) -> None:
-    """Run `action()` in a forked child that is user nobody."""
-    pid = os.fork()
-    if pid == 0:
-        code = 3
-        try:
-            os.setgid(NOBODY)
-            os.setuid(NOBODY)
-            action()
-            code = 0
-        finally:
-            os._exit(code)
-    _, status = os.waitpid(pid, 0)
-    assert os.WEXITSTATUS(status) == 0, "the planting as nobody failed"
 
 
 def victim_file(tmp_path):
