@@ -64,6 +64,10 @@ class FakeGpu:
     busy_from_s: float = 0.0  # seconds after the fake's start
     power_w: Optional[Callable[[float], float]] = None  # W at t s after the fake's start (replaces busy/idle)
     util_pct: int = 75
+    # busy % at t s after the fake's start (replaces util_pct): NVML answers the share of the last sample period
+    # (util_period_s: 1/6 s to 1 s by product) in which a kernel ran, renewed once per period, a point of jitter
+    # between periods
+    util_of: Optional[Callable[[float], float]] = None
     mem_used_bytes: int = 2 ** 30
     handle_error: Optional[type] = None  # nvmlDeviceGetHandleByIndex raises this
     name: str = "NVIDIA H100 80GB HBM3"
@@ -106,7 +110,8 @@ class _Energy:
 def fake_pynvml(gpus: Optional[List[FakeGpu]] = None, clock: Callable[[], float] = time.monotonic,
                 update_s: float = 0.1, power_window_s: float = 1.0, energy_supported: bool = True,
                 everything_unsupported: bool = False, boot_energy_mj: int = 987_654_321,
-                instant_update_s: float = 0.1, instant_window_s: float = 0.025) -> types.ModuleType:
+                instant_update_s: float = 0.1, instant_window_s: float = 0.025,
+                util_period_s: float = 1.0) -> types.ModuleType:
     gpus = list(gpus) if gpus is not None else [FakeGpu()]
     nv = types.ModuleType("pynvml")
     nv.NVMLError = NVMLError
@@ -173,7 +178,13 @@ def fake_pynvml(gpus: Optional[List[FakeGpu]] = None, clock: Callable[[], float]
         g = physical(h)
         if g.mig:
             raise NVMLError_NotSupported()
-        return types.SimpleNamespace(gpu=g.util_pct, memory=30)
+        if g.util_of is None:
+            return types.SimpleNamespace(gpu=g.util_pct, memory=30)
+        end = last_update(clock(), util_period_s) - t0
+        busy = sum(g.util_of(end - util_period_s * (k + 0.5) / 100) for k in range(100)) / 100
+        # a measured share moves by a point from one period to the next (kernel launch jitter): 1 % here
+        jitter = int(round(end / util_period_s)) % 2 if 0 < busy < 100 else 0
+        return types.SimpleNamespace(gpu=int(round(busy)) - jitter, memory=30)
 
     def mig_mode(h):
         g = physical(h)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Dict, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 TX2_RAILS = {  # device, channel, label: the TX2's two INA3221 monitors
     ("0-0040", "iio:device0"): ["VDD_SYS_GPU", "VDD_SYS_SOC", "VDD_4V0_WIFI"],
@@ -46,13 +46,35 @@ def _i2c_device(root: Path, bus: int, addr: str, driver: str, controller: str) -
     return dev
 
 
-def make_tx2(root: Path, power_mw: Dict[str, float], gpu_load_permille: int = 500) -> Dict[str, Path]:
-    """L4T 32 iio layout; returns {rail label: its in_powerN_input file}. Each rail at 5000 mV."""
+def _device_tree_node(root: Path, i2c_dev: Path, node: str, props: Dict[str, int]) -> None:
+    """The device's `of_node` link to its node under sys/firmware/devicetree/base, each u32 property stored as
+    the kernel exports it: 4 bytes, big-endian."""
+    dt = root / "sys/firmware/devicetree/base" / node
+    dt.mkdir(parents=True, exist_ok=True)
+    (dt / "name").write_bytes(node.rsplit("/", 1)[-1].split("@")[0].encode() + b"\x00")
+    for prop, value in props.items():
+        (dt / prop).write_bytes(value.to_bytes(4, "big"))
+    link = i2c_dev / "of_node"
+    if not link.exists():
+        link.symlink_to(os.path.relpath(dt, i2c_dev))
+
+
+def make_tx2(root: Path, power_mw: Dict[str, float], gpu_load_permille: int = 500, running_mode: int = 0,
+             continuous_config: Optional[int] = None, trigger_config: Optional[int] = None) -> Dict[str, Path]:
+    """L4T 32 iio layout; returns {rail label: its in_powerN_input file}. Each rail at 5000 mV. `running_mode` is
+    the driver's: 0 triggered (every read is that moment's value: what a test that writes the files as it goes
+    stands for; the read's blocking is TriggeredChip's), 1 continuous (a new average once per cycle); the configs are the device tree's ti,continuous-config and
+    ti,trigger-config (None: not set, the driver's defaults apply)."""
     files = {}
+    props = {k: v for k, v in (("ti,continuous-config", continuous_config), ("ti,trigger-config", trigger_config))
+             if v is not None}
     for (addr, dev_name), labels in TX2_RAILS.items():
-        d = _i2c_device(root, 0, addr, "ina3221x", "3160000.i2c") / dev_name
+        i2c_dev = _i2c_device(root, 0, addr, "ina3221x", "3160000.i2c")
+        _device_tree_node(root, i2c_dev, f"i2c@3160000/ina3221x@{addr[-2:]}", props)
+        d = i2c_dev / dev_name
         d.mkdir(parents=True, exist_ok=True)
         (d / "name").write_text("ina3221x\n")
+        write_value(d / "running_mode", running_mode)
         for k, label in enumerate(labels):
             mw = power_mw.get(label, 0)
             (d / f"rail_name_{k}").write_text(label + "\n")
@@ -284,3 +306,46 @@ def install_fake_nvpmodel(bin_dir: Path) -> Path:
     path.write_text(FAKE_NVPMODEL.format(python=sys.executable))
     path.chmod(0o755)
     return path
+
+
+def mean_of(signal: Callable[[float], float], start: float, end: float, points: int = 200) -> float:
+    """The mean of `signal` over [start, end] (midpoint rule): what a monitor that averages leaves in its register."""
+    step = (end - start) / points
+    return sum(signal(start + (k + 0.5) * step) for k in range(points)) / points
+
+
+class Refresher:
+    """A monitor's own refresh, on a virtual clock: at every multiple of `period_s` it writes, into each file, the
+    mean of that file's signal over the period just ended (an INA3221 in continuous mode, its registers renewed
+    once per averaging cycle). `advance(now)` writes the refreshes up to `now`; between them the files hold."""
+
+    def __init__(self, signals: Dict[Path, Callable[[float], float]], period_s: float) -> None:
+        self.signals, self.period_s = signals, period_s
+        self.done = 0  # refreshes written
+
+    def advance(self, now: float) -> None:
+        while (self.done + 1) * self.period_s <= now:
+            self.done += 1
+            end = self.done * self.period_s
+            for path, signal in self.signals.items():
+                write_value(path, mean_of(signal, end - self.period_s, end))
+
+
+class TriggeredChip:
+    """An INA3221 under the L4T 32 driver's triggered mode: reading a rail's file powers the chip up for one
+    conversion and waits for it, so the read blocks for the conversion time (`convert_s`, read on `clock`, which
+    the read moves on) and returns that moment's value. `read(path)` is what happens before the file's bytes are
+    read; `reads` counts them."""
+
+    def __init__(self, signals: Dict[Path, Callable[[float], float]], clock, convert_s: float) -> None:
+        self.signals, self.clock, self.convert_s = {str(p): f for p, f in signals.items()}, clock, convert_s
+        self.reads: List[float] = []
+
+    def read(self, path: str) -> None:
+        signal = self.signals.get(path)
+        if signal is None:
+            return
+        self.clock.now += self.convert_s
+        self.reads.append(self.clock.now)
+        write_value(Path(path), signal(self.clock.now))
+

@@ -196,7 +196,7 @@ def test_nvml_fields_and_energy(monkeypatch):
     assert short["energy_j"] is None and short["gpu_util_pct"] is None
     assert "a figure needs a window of 10 updates or more (1000 ms), this one is 400.0 ms" in \
         short["unavailable"]["energy_j"]
-    assert "trailing mean over 1/6 s to 1 s" in short["unavailable"]["gpu_util_pct"]
+    assert "the busy share of the last sample period" in short["unavailable"]["gpu_util_pct"]
     start, end = 0.05, 11.45
     s = summarize(samples, [StepMark(0, start, end, False)], 5)
     assert s["gpu_util_pct"] == {"mean": pytest.approx(75.0), "per_gpu": {"0": pytest.approx(75.0)}}

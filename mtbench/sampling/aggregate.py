@@ -80,13 +80,19 @@ def integral(times: np.ndarray, values: np.ndarray, start: float, end: float,
     return float(np.sum((vs[1:] + vs[:-1]) * np.diff(ts)) / 2.0)
 
 
-def window_mean_cumulative(times: np.ndarray, values: np.ndarray):
+def window_mean_cumulative(times: np.ndarray, values: np.ndarray, period_s: Optional[float] = None):
     """(breakpoints, cumulative integral at them) of a gauge whose each new value is the mean since its
-    previous update: the value first seen at a change point covers the time back to the change point before
-    it (a run that never changes covers the span it was seen). None with fewer than two valid samples."""
+    previous update. With the source's update period known (declared), each value read covers the period before
+    it was read: the staircase moved back by one period, the last value held up to the last sample (a reading
+    that stays the same across updates is then never stretched back to an older change). Without it, the value
+    first seen at a change point covers the time back to the change point before it (a run that never changes
+    covers the span it was seen). None with fewer than two valid samples."""
     t, v = _valid(times, values)
     if len(t) < 2:
         return None
+    if period_s:
+        bounds = np.concatenate((t - period_s, [t[-1]]))
+        return bounds, np.concatenate(([0.0], np.cumsum(v * np.diff(bounds))))
     change = np.concatenate(([True], np.diff(v) != 0))
     c, cv = t[change], v[change]
     # (c[k-1], c[k]] holds cv[k]; after the last change point its value holds up to the last sample
@@ -98,9 +104,9 @@ def window_mean_cumulative(times: np.ndarray, values: np.ndarray):
 
 
 def window_mean_integral(times: np.ndarray, values: np.ndarray, start: float, end: float,
-                         max_gap_s: Optional[float] = None) -> Optional[float]:
+                         max_gap_s: Optional[float] = None, period_s: Optional[float] = None) -> Optional[float]:
     """The integral over [start, end] of a gauge read as `window_mean_cumulative` does."""
-    cum = window_mean_cumulative(times, values)
+    cum = window_mean_cumulative(times, values, period_s)
     if cum is None or start < cum[0][0] or end > cum[0][-1] or end < start:
         return None
     if max_gap_s is not None and integral(times, values, start, end, max_gap_s) is None:

@@ -35,12 +35,12 @@ class Interval:
 
 
 def cumulative(times: np.ndarray, values: np.ndarray, query: np.ndarray, counter: bool,
-               window_mean: bool = False) -> Optional[np.ndarray]:
+               window_mean: bool = False, period_s: Optional[float] = None) -> Optional[np.ndarray]:
     """F(query): a counter's interpolated value, or a gauge's integral from times[0] (trapezoids, exact for
-    the piecewise-linear signal through the samples; for a `window_mean` gauge, its staircase read back to
-    the previous change). None when the rail has no valid sample."""
+    the piecewise-linear signal through the samples; for a `window_mean` gauge, its staircase read back by its
+    update period `period_s`, or to the previous change). None when the rail has no valid sample."""
     if window_mean and not counter:
-        cum = aggregate.window_mean_cumulative(times, values)
+        cum = aggregate.window_mean_cumulative(times, values, period_s)
         return None if cum is None else np.interp(query, *cum)
     ok = ~np.isnan(values)
     t, v = times[ok], values[ok]
@@ -99,7 +99,8 @@ def attribute(intervals: Sequence[Interval], steps: Sequence[Tuple[float, float]
         counter = rail in rails.energy and not rails.coarse(rail)
         f = rails.energy[rail] if counter else rails.power.get(rail)
         cum = None if f is None else cumulative(samples.time_s, samples.columns[f.name], edges, counter,
-                                                 window_mean=f.window_mean)
+                                                 window_mean=f.window_mean,
+                                                 period_s=rails.resolution[f.name].period_s)
         if cum is None:
             if f is None:
                 unavailable[rail] = rails.why_unresolved(rail, min((b - a for a, b in steps), default=0.0))

@@ -20,7 +20,7 @@ import re
 from typing import Any, List, Optional, Sequence, Tuple
 
 from mtbench.sampling.sensor import GAUGE, GPU_UTIL, POWER, Field, Sensor, SensorUnavailable
-from mtbench.sampling.sysfs import AttrFile, parse_int, read_text
+from mtbench.sampling.sysfs import AttrFile, parse_int, read_small, read_text
 
 IIO_GLOB = "sys/bus/i2c/drivers/ina3221x/*/iio:device*"
 HWMON_GLOB = "sys/bus/i2c/drivers/ina3221/*/hwmon/hwmon*"
@@ -78,8 +78,8 @@ def find_gpu_load(root: str) -> Optional[str]:
 
 def update_interval(rail_file: str) -> dict:
     """The hwmon ina3221 driver's `update_interval` (ms; L4T 35+) beside a rail's files, as Field's resolution
-    keywords: the chip's conversion time x averaged samples x enabled channels, the period its readings change
-    at. {} where the file is absent (the iio driver of L4T 32: learned from the samples)."""
+    keywords: the period its readings change at, as the driver says it, each reading the chip's average since
+    its previous one (window_mean). {} where the file is absent."""
     text = read_text(os.path.join(os.path.dirname(rail_file), "update_interval"))
     try:
         ms = int(text) if text is not None else 0
@@ -87,8 +87,54 @@ def update_interval(rail_file: str) -> dict:
         ms = 0
     if ms <= 0:
         return {}
-    return {"resolution_s": ms / 1000.0, "resolution_how": "device",
+    return {"resolution_s": ms / 1000.0, "resolution_how": "device", "window_mean": True,
             "resolution_note": f"the INA3221's hwmon update_interval, {ms} ms"}
+
+
+# the INA3221's configuration register (TI datasheet; the L4T 32 ina3221x driver's defaults where the device
+# tree sets none): bits 14-12 the enabled channels, 11-9 the averaged samples, 8-6 and 5-3 the bus and shunt
+# conversion times
+CONVERSION_US = (140, 204, 332, 588, 1100, 2116, 4156, 8244)
+AVERAGED_SAMPLES = (1, 4, 16, 64, 128, 256, 512, 1024)
+IIO_CONTINUOUS_DEFAULT = 0x7727  # 3 channels, 64 samples, 1.1 ms + 1.1 ms
+IIO_TRIGGERED_DEFAULT = 0x7003  # 3 channels, 1 sample, 0.14 ms + 0.14 ms (the macro; its comment says 0x7723)
+
+
+def ina3221_cycle_us(config: int) -> int:
+    """One complete update of every enabled channel's registers under `config`: channels x samples x (bus +
+    shunt conversion time), the hwmon driver's update_interval formula."""
+    channels = bin((config >> 12) & 0x7).count("1")
+    samples = AVERAGED_SAMPLES[(config >> 9) & 0x7]
+    return channels * samples * (CONVERSION_US[(config >> 6) & 0x7] + CONVERSION_US[(config >> 3) & 0x7])
+
+
+def _device_tree_u32(i2c_dev: str, prop: str) -> Optional[int]:
+    raw = read_small(os.path.join(i2c_dev, "of_node", prop), 8)
+    return int.from_bytes(raw[:4], "big") if raw is not None and len(raw) >= 4 else None  # big-endian cells
+
+
+def iio_mode(iio_dev: str) -> dict:
+    """The L4T 32 ina3221x driver's running mode (`running_mode`: 0 triggered, 1 continuous) and averaging
+    configuration (the device tree's ti,continuous-config / ti,trigger-config, else the driver's defaults) as
+    Field's resolution keywords. Continuous: the registers hold the mean of the last averaging cycle and change
+    once per cycle (window_mean). Triggered: every read powers the chip up for one conversion and waits for it,
+    so each reading is that instant's (resolution 0: as fine as sampled) and each read blocks for the conversion.
+    The driver may switch between the two with the CPUs' load (unless forced): the mode is the one read when the
+    sensor opened."""
+    mode = parse_int(read_small(os.path.join(iio_dev, "running_mode")))
+    if mode is None:
+        return {}
+    i2c_dev = os.path.dirname(iio_dev)
+    if mode == 0:
+        config = _device_tree_u32(i2c_dev, "ti,trigger-config") or IIO_TRIGGERED_DEFAULT
+        return {"resolution_s": 0.0, "resolution_how": "device",
+                "resolution_note": f"the ina3221x driver's triggered mode (running_mode 0): every read converts anew "
+                                   f"(config {config:#06x}, {ina3221_cycle_us(config) / 1000:g} ms per read)"}
+    config = _device_tree_u32(i2c_dev, "ti,continuous-config") or IIO_CONTINUOUS_DEFAULT
+    us = ina3221_cycle_us(config)
+    return {"resolution_s": us / 1e6, "resolution_how": "device", "window_mean": True,
+            "resolution_note": f"the ina3221x driver's continuous mode (running_mode 1), config {config:#06x}: "
+                               f"a new average every {us / 1000:g} ms"}
 
 
 class _Rail:
@@ -123,6 +169,7 @@ class JetsonSensor(Sensor):
         if not os.path.isdir(root):
             raise SensorUnavailable(f"sysfs_root={root!r} is not a directory")
         found = [(label, [power]) for label, power in find_iio_rails(root)]
+        modes = {os.path.dirname(power): iio_mode(os.path.dirname(power)) for _, [power] in found}
         self.layout = "iio (JetPack 4: TX2 / Xavier)" if found else None
         if not found:
             found = [(label, [volt, curr]) for label, volt, curr in find_hwmon_rails(root)]
@@ -138,13 +185,18 @@ class JetsonSensor(Sensor):
         has_input = any(r.label in INPUT_RAILS for r in self.rails)
         self._fields = [
             Field(f"{_rail_key(r.label)}_power_mw", GAUGE, POWER, r.label, 1e-3,
-                  total=(r.label in INPUT_RAILS) if has_input else True, **update_interval(r.files[0].path))
+                  total=(r.label in INPUT_RAILS) if has_input else True, **self._resolution(r.files[0].path, modes))
             for r in self.rails
         ]
         load_path = find_gpu_load(root)
         self.gpu_load = AttrFile(load_path) if load_path else None
         if self.gpu_load is not None:
             self._fields.append(Field("gpu_load_permille", GAUGE, GPU_UTIL, "0", 0.1))
+
+    @staticmethod
+    def _resolution(rail_file: str, iio_modes: dict) -> dict:
+        folder = os.path.dirname(rail_file)
+        return iio_modes[folder] if folder in iio_modes else update_interval(rail_file)
 
     def fields(self) -> List[Field]:
         return list(self._fields)

@@ -27,8 +27,8 @@ NVML_DEVICE_ARCH_AMPERE = 7
 MAX_MIG_SLOTS = 7
 # each reading's documented update period (Field resolution keywords; sampling/resolution.py)
 UTIL_RESOLUTION = {"resolution_s": 1.0, "resolution_how": "documented",
-                   "resolution_note": "nvmlDeviceGetUtilizationRates: a trailing mean over 1/6 s to 1 s by product, "
-                                      "the longest taken"}
+                   "resolution_note": "nvmlDeviceGetUtilizationRates: the busy share of the last sample period, "
+                                      "1/6 s to 1 s by product, the longest taken"}
 INSTANT_RESOLUTION = {"resolution_s": 0.1, "resolution_how": "documented",
                       "resolution_note": "NVML_FI_DEV_POWER_INSTANT: the mean of 25 ms sampled in every 100 ms, "
                                          "refreshed every 100 ms (A100/H100, Yang et al. SC'24)"}
@@ -154,7 +154,9 @@ class NvmlSensor(Sensor):
 
     def _add_gpu(self, i: int, h: Any, counted: bool, note: str) -> None:
         nv, rail = self.nv, f"gpu{i}"
-        self._try(Field(f"gpu{i}_util_pct", GAUGE, GPU_UTIL, str(i), job=counted, note=note, **UTIL_RESOLUTION),
+        # each value is the busy share of the sample period before its renewal: read back to the previous change
+        self._try(Field(f"gpu{i}_util_pct", GAUGE, GPU_UTIL, str(i), job=counted, note=note, window_mean=True,
+                        **UTIL_RESOLUTION),
                   lambda: nv.nvmlDeviceGetUtilizationRates(h), lambda v: float(v.gpu))
         average = self._power_usage_is_average(h)
         instant = self._try(Field(f"gpu{i}_power_mw", GAUGE, POWER, rail, 1e-3, total=counted, job=counted,

@@ -154,8 +154,12 @@ class Rails:
 
     def integrated_j(self, rail: str, start: float, end: float) -> Optional[float]:
         f = self.power[rail]
-        integrate = aggregate.window_mean_integral if f.window_mean else aggregate.integral
-        area = integrate(self.samples.time_s, self.samples.columns[f.name], start, end, self.gap[rail])
+        times, values = self.samples.time_s, self.samples.columns[f.name]
+        if f.window_mean:
+            area = aggregate.window_mean_integral(times, values, start, end, self.gap[rail],
+                                                  self.power_period_s.get(rail))
+        else:
+            area = aggregate.integral(times, values, start, end, self.gap[rail])
         return None if area is None else area * f.scale
 
     def total_note(self) -> str:

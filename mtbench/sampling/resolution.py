@@ -74,6 +74,10 @@ def learned_period_s(times: np.ndarray, values: np.ndarray, sample_s: float) -> 
 
 def of_field(times: np.ndarray, values: np.ndarray, field: Field, sample_s: float) -> Resolution:
     """The resolution of one sampled field: the sensor's declaration, else learned from its samples."""
+    if field.resolution_s == 0:  # declared: every read is a fresh reading (an INA3221 in triggered mode)
+        return Resolution(None, field.resolution_how or "device",
+                          f"{field.name}: every read is a new reading ({field.resolution_note}): its figures are "
+                          "given as read, interpolated between samples")
     if field.resolution_s is not None:
         how = field.resolution_how or "documented"
         return Resolution(float(field.resolution_s), how,

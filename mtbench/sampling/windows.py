@@ -145,6 +145,14 @@ def util_below(samples: Samples, spans: Sequence[Window], interval_ms: float,
     return "; ".join(resolution.below(r, seconds) for r in slow) or None
 
 
+def _read_back_s(times: np.ndarray, values: np.ndarray, res: resolution.Resolution,
+                 interval_ms: float) -> Optional[float]:
+    """How far back a window-mean reading reaches: its learned update period, at most the declared one."""
+    learned = resolution.learned_period_s(times, values, interval_ms / 1000.0)
+    known = [p for p in (learned, res.period_s) if p]
+    return min(known) if known else None
+
+
 def gpu_utilization(samples: Samples, spans: Sequence[Window], interval_ms: float,
                     resolutions: Optional[Resolutions] = None) -> Optional[Dict[str, Any]]:
     """Busy % per GPU over the windows (null for a GPU whose source does not resolve them); the mean covers only
@@ -160,7 +168,14 @@ def gpu_utilization(samples: Samples, spans: Sequence[Window], interval_ms: floa
             per_gpu[f.key] = None
             continue
         gap = field_gap_s(samples, f, interval_ms)
-        areas = [aggregate.integral(samples.time_s, samples.columns[f.name], a, b, gap) for a, b in spans]
+        times, values = samples.time_s, samples.columns[f.name]
+        if f.window_mean:
+            # each value is the busy share of the period before it was renewed (NVML: 1/6 s to 1 s by product):
+            # read back by that period, learned from the changes where they are frequent, at most the declared
+            period = _read_back_s(times, values, resolutions[f.name], interval_ms)
+            areas = [aggregate.window_mean_integral(times, values, a, b, gap, period) for a, b in spans]
+        else:
+            areas = [aggregate.integral(times, values, a, b, gap) for a, b in spans]
         per_gpu[f.key] = None if any(x is None for x in areas) else sum(areas) / seconds * f.scale
     counted = [f.key for f in fields if f.job]
     known = [per_gpu[k] for k in counted if per_gpu[k] is not None]
