@@ -63,8 +63,8 @@ def make_tx2(root: Path, power_mw: Dict[str, float], gpu_load_permille: int = 50
              continuous_config: Optional[int] = None, trigger_config: Optional[int] = None) -> Dict[str, Path]:
     """L4T 32 iio layout; returns {rail label: its in_powerN_input file}. Each rail at 5000 mV. `running_mode` is
     the driver's: 0 triggered (every read is that moment's value: what a test that writes the files as it goes
-    stands for; the read's blocking is TriggeredChip's), 1 continuous (a new average once per cycle); the configs are the device tree's ti,continuous-config and
-    ti,trigger-config (None: not set, the driver's defaults apply)."""
+    stands for; the read's blocking is TriggeredChip's), 1 continuous (a new average once per cycle); the configs
+    are the device tree's ti,continuous-config and ti,trigger-config (None: not set, the driver's defaults)."""
     files = {}
     props = {k: v for k, v in (("ti,continuous-config", continuous_config), ("ti,trigger-config", trigger_config))
              if v is not None}

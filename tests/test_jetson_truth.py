@@ -184,7 +184,7 @@ def test_a_budget_file_replan_runs_an_untimed_step_before_the_next_measured_one(
     planner = Planner(compose_cfg(["warmup=0", f"memory.budget_file={budget_file}"]))
     planner.before_build(torch.device("cpu"))
     workload = CountingWorkload()
-    planner.start(workload, lambda exc: False, None)
+    planner.start(workload, lambda exc: False)
     planner.before_step(0)
     assert workload.steps == 0  # no change, no extra step
     budget_file.write_text("1.5 GiB")

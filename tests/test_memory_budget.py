@@ -244,3 +244,26 @@ def test_an_unknown_cpu_malloc_is_refused(run):
 
     with pytest.raises(UsageError, match="memory.cpu_malloc='fast' is not known; allowed: auto, glibc, live, cached"):
         run(["model=squeezenet", "batch=1", "memory.cpu_malloc=fast"])
+
+
+def test_a_training_peak_is_compared_where_measured_and_named_in_the_failure():
+    nano = load_target("nano")
+    mem = {"mem_peak_bytes": 3 * 2**30, "mem_peak_source": "process_rss", "mem_training_peak_bytes": 2 * 2**30,
+           "mem_file_bytes": 2**30}
+    assert budget.compared_bytes(mem, 2**28) == 2 * 2**30 - 2**28
+    failure = budget.budget_failure(nano, mem, "peak_check", runtime_bytes=2**28)
+    assert failure["message"].startswith("peak 2.00 GiB (training memory: the resident high-water mark less the "
+                                         "file-backed pages (the libraries' code)) less 0.25 GiB held")
+
+
+def test_a_cpu_job_is_held_to_its_budget_on_the_training_memory_its_summary_reports(run):
+    """The budget's figure is the summary's mem_training_bytes (VmHWM less the file-backed pages) less what the job
+    owned before its model was built (budget_runtime_bytes), never VmHWM with the libraries' pages in it."""
+    s = run(["model=squeezenet", "batch=2", "data.image_size=32", "warmup=1", "steps=2", "memory.breakdown=false",
+             "memory.budget_gb=0.001"])
+    assert s["failure"]["kind"] == "budget"
+    assert s["mem_training_source"] == "rss_hwm_less_file"
+    assert s["mem_training_bytes"] == s["mem_peak_bytes"] - s["mem_file_bytes"]
+    compared = s["mem_training_bytes"] - s["budget_runtime_bytes"]
+    assert f"({compared} > {s['budget_bytes']} bytes)" in s["failure"]["message"]
+    assert 0 < s["budget_runtime_bytes"] < s["mem_runtime_bytes"]  # the runtime's own memory, not its mapped code

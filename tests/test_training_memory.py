@@ -64,7 +64,7 @@ def test_training_memory_does_not_follow_the_page_cache(tmp_path):
                               capture_output=True, text=True, timeout=600)
         assert proc.returncode == 0, proc.stderr[-2000:]
         summary = json.loads((out / "summary.json").read_text())
-        assert summary["mem_training_source"] == "rss_anon_sampled"
+        assert summary["mem_training_source"] == "rss_hwm_less_file"
         figures.append((summary["mem_training_bytes"], summary["mem_peak_bytes"]))
     training = [t for t, _ in figures]
     median = statistics.median(training)

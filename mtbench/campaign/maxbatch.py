@@ -15,7 +15,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 from mtbench.campaign.prediction import predicted_max_batch
 from mtbench import interpreter
 from mtbench.errors import UsageError
-from mtbench.predict.fit import measured_training_bytes
+from mtbench.predict.fit import budget_held_bytes
 from mtbench.predict.maxsearch import FIRST_FACTORS
 from mtbench.regular_files import create_fresh
 from mtbench.results.files import atomic_write
@@ -183,7 +183,7 @@ def _probe_from_summary(batch: int, summary: Optional[Dict[str, Any]], seconds: 
     if summary is None:
         return Probe(batch, False, "killed", why_missing, None, seconds)
     failure = summary.get("failure") or {}
-    training = measured_training_bytes(summary) if summary.get("mem_peak_source") == "process_rss" else None
+    training = budget_held_bytes(summary) if summary.get("mem_peak_source") == "process_rss" else None
     return Probe(batch, bool(summary.get("success")), failure.get("kind"), failure.get("message"),
                  summary.get("mem_peak_bytes"), seconds, (summary.get("memory_plan") or {}).get("label"), training)
 

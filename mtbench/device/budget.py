@@ -9,11 +9,14 @@ from mtbench.config import setting
 from mtbench.device.targets import Target
 from mtbench.errors import UsageError
 
-# On CPU the budget is compared with the job's own memory: the process's resident high-water mark over the
-# measured steps (PeakMemory, "mem_peak_bytes") less what the process held before the model was built (torch and
-# its libraries: the runtime that the budget rule already took off the board's memory, see conf/target/tx2.yaml).
+# On CPU the budget is compared with the job's training memory: the peak of what the process owns (anonymous and
+# shmem memory: VmHWM over the measured steps less the file-backed pages resident then, PeakMemory's
+# "mem_training_peak_bytes", the summary's mem_training_bytes) less what it owned before the model was built (torch
+# and its libraries' heap: the runtime that the budget rule already took off the board's memory, see
+# conf/target/tx2.yaml). The libraries' mapped code is not counted: its resident share follows the page cache, not
+# training. Where the kernel gives no RssFile (< 4.5) the resident peak less the resident runtime is compared.
 # System RAM in use is not compared: other processes share it here. A job held to a budget runs with glibc's mmap
-# threshold fixed (peak.hold_malloc_to_live_memory), so that its resident peak is what it holds.
+# threshold fixed (peak.hold_malloc_to_live_memory), so that its peak is what it holds.
 _PEAK_SOURCES = {
     "process_rss": "the process's resident high-water mark (VmHWM) over the measured steps",
     "process_hwm_lifetime": "the process's resident high-water mark (VmHWM), not reset: its lifetime peak",
@@ -83,12 +86,23 @@ def release_budget(device: torch.device) -> None:
         torch.cuda.set_per_process_memory_fraction(1.0, device)
 
 
-def compared_bytes(mem: Dict[str, Any], runtime_bytes: Optional[int]) -> Optional[int]:
-    """The figure held against the budget on CPU: the peak less the runtime (the raw peak when that is unknown)."""
+def _compared_peak(mem: Dict[str, Any]) -> Tuple[Optional[int], str]:
+    """The CPU peak a budget compares and its words: the training peak where measured, else the resident one."""
+    if mem.get("mem_training_peak_bytes") is not None:
+        return int(mem["mem_training_peak_bytes"]), ("training memory: the resident high-water mark less the "
+                                                     "file-backed pages (the libraries' code)")
     peak = mem.get("mem_peak_bytes")
+    which = _PEAK_SOURCES.get(str(mem.get("mem_peak_source")), str(mem.get("mem_peak_source")))
+    return (None if peak is None else int(peak)), which
+
+
+def compared_bytes(mem: Dict[str, Any], runtime_bytes: Optional[int]) -> Optional[int]:
+    """The figure held against the budget on CPU: the training peak less the runtime (peak.budget_runtime_bytes;
+    the raw peak when that is unknown)."""
+    peak, _ = _compared_peak(mem)
     if peak is None:
         return None
-    return int(peak) - int(runtime_bytes or 0)
+    return peak - int(runtime_bytes or 0)
 
 
 def budget_failure(target: Target, mem: Dict[str, Any], enforced_by: Optional[str],
@@ -98,8 +112,8 @@ def budget_failure(target: Target, mem: Dict[str, Any], enforced_by: Optional[st
     compared = compared_bytes(mem, runtime_bytes)
     if budget is None or enforced_by != "peak_check" or compared is None or compared <= budget:
         return None
-    peak = int(mem["mem_peak_bytes"])
-    which = _PEAK_SOURCES.get(str(mem.get("mem_peak_source")), str(mem.get("mem_peak_source")))
+    peak, which = _compared_peak(mem)
+    assert peak is not None
     held = (f" less {_gib(runtime_bytes)} held before the model was built (the runtime) = {_gib(compared)}"
             if runtime_bytes else "")
     return {

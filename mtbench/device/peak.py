@@ -15,6 +15,9 @@ from mtbench.device.glibc import mallopt
 
 _HWM = re.compile(rb"VmHWM:\s+(\d+)\s+kB")
 _RSS = re.compile(rb"VmRSS:\s+(\d+)\s+kB")
+_RSS_FILE = re.compile(rb"RssFile:\s+(\d+)\s+kB")  # Linux >= 4.5
+_RSS_ANON = re.compile(rb"RssAnon:\s+(\d+)\s+kB")
+_RSS_SHMEM = re.compile(rb"RssShmem:\s+(\d+)\s+kB")
 
 
 def _status_bytes(field: "re.Pattern[bytes]") -> Optional[int]:
@@ -35,6 +38,24 @@ def hwm_bytes() -> Optional[int]:
 def current_rss_bytes() -> Optional[int]:
     """The process's resident memory now (None where /proc/self/status is missing)."""
     return _status_bytes(_RSS)
+
+
+def file_rss_bytes() -> Optional[int]:
+    """The file-backed pages resident in the process now (the libraries' code and data it mapped), RssFile."""
+    return _status_bytes(_RSS_FILE)
+
+
+def anon_rss_bytes() -> Optional[int]:
+    """What the process owns in memory now: RssAnon + RssShmem (None where the kernel gives neither, < 4.5)."""
+    anon, shmem = _status_bytes(_RSS_ANON), _status_bytes(_RSS_SHMEM)
+    return None if anon is None else anon + (shmem or 0)
+
+
+def budget_runtime_bytes() -> Optional[int]:
+    """What the process holds before the model is built, in the measure a CPU budget compares (device/budget.py):
+    its own memory (RssAnon + RssShmem) where the kernel says, else its resident size."""
+    anon = anon_rss_bytes()
+    return anon if anon is not None else current_rss_bytes()
 
 
 def _reset_hwm() -> bool:
@@ -164,7 +185,8 @@ class PeakMemory:
             }
         hwm = hwm_bytes()
         if hwm is not None and self._hwm_resettable:
-            return {"mem_peak_bytes": hwm, "mem_peak_source": "process_rss", "mem_baseline_bytes": self.baseline_bytes}
+            return {"mem_peak_bytes": hwm, "mem_peak_source": "process_rss", "mem_baseline_bytes": self.baseline_bytes,
+                    **training_peak(hwm)}
         # VmHWM that cannot be reset: the process's lifetime peak, warm-up included. A job forked from a sweep
         # (isolation) starts with its parent's resident size, as ru_maxrss does; a program started by exec starts
         # at its own, where ru_maxrss keeps the parent's (Linux carries it across exec)
@@ -172,6 +194,17 @@ class PeakMemory:
             return {"mem_peak_bytes": hwm, "mem_peak_source": "process_hwm_lifetime", "mem_baseline_bytes": None}
         # no /proc (not Linux): ru_maxrss, the lifetime peak, which Linux would carry across exec from the parent
         return {"mem_peak_bytes": ru_maxrss_bytes(), "mem_peak_source": "process_ru_maxrss", "mem_baseline_bytes": None}
+
+
+def training_peak(hwm: int) -> Dict[str, Any]:
+    """The steps' training memory from the kernel's high-water mark: VmHWM less the file-backed pages resident at
+    its read (RssFile: the libraries' pages, whose number follows the page cache, not training; they are mapped by
+    the warm-up and stay as many through the measured steps), i.e. the peak of what the process owns (anonymous
+    and shmem). Empty where the kernel gives no RssFile."""
+    file_bytes = file_rss_bytes()
+    if file_bytes is None:
+        return {}
+    return {"mem_training_peak_bytes": max(0, hwm - file_bytes), "mem_file_bytes": file_bytes}
 
 
 def ru_maxrss_bytes() -> int:

@@ -146,7 +146,7 @@ class Job:
         # None for data.loader=preloaded
         self.pipeline = open_pipeline(data, spec.batch_size, spec.seed, self.device, self.workload.batch_recipe())
         # memory.plan: fixed, or (auto) the fastest predicted or probed plan that fits the budget
-        self.planner.start(self.workload, is_oom, self.runtime_bytes)
+        self.planner.start(self.workload, is_oom)
         self.parameters = self.workload.parameter_count()
         peak = memory.PeakMemory(self.device)
         assert self.sampler is not None

@@ -68,11 +68,15 @@ class Planner:
         self.held: Dict[str, Any] = {"budget_bytes": self.target.memory_budget_bytes, "budget_enforced_by": None}
 
     def hold_budget(self) -> None:
-        """Before the model is built, after the runtime's memory was read: cap the CUDA allocator at the budget, or
+        """Before the model is built: read what the runtime holds (CPU), cap the CUDA allocator at the budget, or
         on CPU set glibc's malloc for the peak check (memory.cpu_malloc)."""
         assert self.device is not None, "before_build first"
+        # what the runtime owns before the model exists, in the measure the CPU budget compares (device/budget.py)
+        self.runtime_bytes = peak.budget_runtime_bytes() if self.device.type == "cpu" else None
         cpu_malloc = self.settings.cpu_malloc
         self.held = apply_budget(self.target, self.device, cpu_malloc)
+        if self.held["budget_enforced_by"] == "peak_check":
+            self.held["budget_runtime_bytes"] = self.runtime_bytes  # taken off the training peak it compares
         if self.held["budget_bytes"] is None and self.device.type == "cpu":
             # no peak check: memory.cpu_malloc as asked (auto: live where memory.budget_file alone steers the plan,
             # so that its probes measure as a budgeted job's; else glibc's own settings)
@@ -166,9 +170,9 @@ class Planner:
             return self.budget_bytes
 
     # -- once the workload is set up --------------------------------------------------------------------------
-    def start(self, workload: Any, is_oom: Callable[[BaseException], bool], runtime_bytes: Optional[int]) -> None:
+    def start(self, workload: Any, is_oom: Callable[[BaseException], bool]) -> None:
         """Once the workload is set up: the plan (auto: the predictor's choice, or probes of real steps)."""
-        self.workload, self.is_oom, self.runtime_bytes = workload, is_oom, runtime_bytes
+        self.workload, self.is_oom = workload, is_oom
         s = self.settings
         if s.plan == "none":
             plan, self.choice = NONE, plan_select.Choice(NONE, "fixed", "memory.plan=none")

@@ -46,6 +46,15 @@ def measured_training_bytes(s: Dict[str, Any]) -> Optional[int]:
     return int(peak) - int(before)
 
 
+def budget_held_bytes(s: Dict[str, Any]) -> Optional[int]:
+    """A CPU job's memory as its budget compared it (device/budget.py): the training memory less the runtime's own
+    memory (budget_runtime_bytes), else `measured_training_bytes`."""
+    training, runtime = s.get("mem_training_bytes"), s.get("budget_runtime_bytes")
+    if s.get("mem_training_source") == "rss_hwm_less_file" and training is not None and runtime is not None:
+        return int(training) - int(runtime)
+    return measured_training_bytes(s)
+
+
 def calibrate(folder: Path, target: Optional[str] = None, out: Optional[str] = None,
               summaries: Optional[List[Dict[str, Any]]] = None,
               overrides: Tuple[str, ...] = (), predictor: Any = None,

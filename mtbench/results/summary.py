@@ -11,8 +11,8 @@ from mtbench.results.files import SCHEMA, stats
 FIGURE_KEYS = ("cpu_util_pct", "process_cpu_pct", "gpu_util_pct", "power_w", "energy_j", "mem_peak_bytes",
                "mem_system_peak_bytes", "mem_training_bytes", "mem_breakdown_bytes", "loss", "data_wait_s", "data_wait_share")
 # keys every job's summary holds beside the required ones (null where the job did not get that far)
-JOB_KEYS = ("mem_peak_source", "mem_baseline_bytes", "mem_runtime_bytes", "mem_fragmentation_bytes", "target", "budget_bytes",
-            "budget_enforced_by", "parameters", "cudnn_benchmark", "data_pipeline", "power_mode", "memory_plan",
+JOB_KEYS = ("mem_peak_source", "mem_baseline_bytes", "mem_runtime_bytes", "mem_file_bytes", "mem_fragmentation_bytes",
+            "target", "budget_bytes", "budget_enforced_by", "parameters", "cudnn_benchmark", "data_pipeline", "power_mode", "memory_plan",
             "sampler", "env", "config")
 # a run to a target (until.*; docs/results.md): only in such a run's summary, null with the reason where not reached
 TARGET_KEYS = ("until", "target_reached", "steps_to_target", "samples_to_target", "time_to_target_s",
@@ -58,8 +58,14 @@ def build_summary(*, model: Optional[str], batch_size: Optional[int], device: st
     figures = {**figures, **_loss_figures(losses), "data_wait_s": stats(waits),
                "data_wait_share": sum(waits) / loop_s if waits and loop_s > 0 else None}
     summary.update({k: figures.get(k) for k in FIGURE_KEYS})
-    # training memory is the training process's anonymous memory, sampled (docs/memory.md "Training memory")
+    # training memory is what the training process owns, anonymous and shmem (docs/memory.md "Training memory"):
+    # on CPU the kernel's high-water mark less the file-backed pages (device/peak.py, what a budget compares), else
+    # the sampler's 5 ms samples of it, which are recorded beside
+    summary["mem_training_sampled_bytes"] = summary["mem_training_bytes"]
     summary["mem_training_source"] = "rss_anon_sampled" if summary["mem_training_bytes"] is not None else None
+    if (job or {}).get("mem_training_peak_bytes") is not None:
+        summary["mem_training_bytes"] = job["mem_training_peak_bytes"]  # type: ignore[index]
+        summary["mem_training_source"] = "rss_hwm_less_file"
     if "losses" in figures:
         summary["losses"] = figures["losses"]
     unavailable = dict(reasons)
@@ -73,6 +79,7 @@ def build_summary(*, model: Optional[str], batch_size: Optional[int], device: st
     summary.update({k: None for k in JOB_KEYS})
     summary["profiled"] = False
     summary.update(job or {})
+    summary.pop("mem_training_peak_bytes", None)  # it is mem_training_bytes (source rss_hwm_less_file)
     summary.update(extra or {})
     summary["noise"], why = noise.assess(summary, durations_s)  # varying steps, other busy processes
     unavailable.update(why)
