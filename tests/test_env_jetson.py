@@ -177,3 +177,21 @@ def test_a_jobs_summary_groups_cpu_by_core_type_on_a_tx2_tree(tmp_path, run):
     assert all(g["mean"] is None or 0 <= g["mean"] <= 100 for g in groups.values())
     header = (tmp_path / "job" / "steps.csv").read_text().splitlines()[0].split(",")
     assert {f"cpu_util_pct_{t}" for t in groups} <= set(header)
+
+
+def test_a_cuda_summary_records_the_float32_math_its_kernels_were_allowed(monkeypatch):
+    """TF32 and matmul precision decide a CUDA step's time and numerics: every CUDA job's env records them as torch
+    reports them (a CPU job's is null)."""
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100 80GB HBM3")
+    before = torch.get_float32_matmul_precision()
+    try:
+        torch.set_float32_matmul_precision("high")
+        described = env.describe(torch.device("cuda", 0))
+    finally:
+        torch.set_float32_matmul_precision(before)
+    math = described["cuda_math"]
+    assert math["float32_matmul_precision"] == "high"
+    assert math["matmul_allow_tf32"] is True  # "high" allows TF32 in matmuls, as torch reports it
+    assert set(math) >= {"cudnn_allow_tf32", "matmul_allow_fp16_reduced_precision_reduction"}
+    assert all(v is None or isinstance(v, (bool, str)) for v in math.values())
+    assert env.describe(torch.device("cpu"))["cuda_math"] is None

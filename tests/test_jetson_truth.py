@@ -115,14 +115,20 @@ def test_expandable_segments_on_an_integrated_gpu_is_refused_before_the_model(fa
     assert "\n" not in str(caught.value) and fake_gpu.settings.values == {}  # nothing was set
 
 
-def test_the_allocator_setting_that_took_effect_is_read_back(fake_gpu):
+def test_the_allocator_setting_is_recorded_as_set_and_only_its_segments_say_what_took_effect(fake_gpu):
+    """torch gives the settings string back as it was set: recorded as the value set, never as a confirmation;
+    what took effect is the allocator's segments, and without a segment it is not known."""
     planner = Planner(compose_cfg(["device=cuda", "memory.expandable_segments=true"]))
     planner.before_build(torch.device("cuda", 0))
     assert fake_gpu.settings.values == {"expandable_segments": "True"}
+    plan = planner.summary({"mem_peak_bytes": 10, "mem_peak_reserved_bytes": 0})
+    assert plan["allocator"]["settings_set"] == "expandable_segments:True" and plan["allocator"]["requested"]
+    assert plan["allocator"]["expandable_segments_set"] is True
+    assert "not what the allocator applied" in plan["allocator"]["settings_note"]
+    assert plan["expandable_segments"] is None  # no segment yet: the string set is no confirmation
     # the segments say what took effect: here the setting was asked for, yet the allocator's segments are not
     fake_gpu.segments = [{"is_expandable": False, "total_size": 2**21}]
     plan = planner.summary({"mem_peak_bytes": 10, "mem_peak_reserved_bytes": 2**21})
-    assert plan["allocator"]["settings"] == "expandable_segments:True" and plan["allocator"]["requested"]
     assert plan["allocator"]["segments"] == {"total": 1, "expandable": 0}
     assert plan["expandable_segments"] is False
     fake_gpu.segments = [{"is_expandable": True, "total_size": 2**21}]
@@ -134,7 +140,8 @@ def test_without_a_read_back_call_the_record_says_so(fake_gpu, monkeypatch):
     planner = Planner(compose_cfg(["device=cuda"]))
     planner.before_build(torch.device("cuda", 0))
     plan = planner.summary({})
-    assert plan["allocator"]["expandable_segments"] is None and "cannot read" in plan["allocator"]["unavailable"]
+    assert plan["allocator"]["expandable_segments_set"] is None
+    assert "does not give its allocator settings back" in plan["allocator"]["settings_note"]
     assert plan["expandable_segments"] is None  # no segments yet, no read-back: not known, never a guess
 
 

@@ -35,6 +35,7 @@ def kernel_4_9(monkeypatch, tmp_path):
     """A kernel without oom_kill counters (neither /proc/vmstat nor the memory cgroup's files have them)."""
     monkeypatch.setattr(isolation, "_memcg_oom_file", lambda: None)
     monkeypatch.setattr(isolation, "_read_oom_kill", lambda path: None)
+    monkeypatch.setattr(isolation, "_own_comm", lambda: b"mtbench")  # not the python3 the log lines name
     kmsg = tmp_path / "kmsg"
     kmsg.write_text(OTHER.format(seq=100) + KMSG_4_9.format(seq=101, seq2=102, pid=4242))  # a kill before the job
     return kmsg
@@ -132,3 +133,25 @@ def test_a_job_the_oom_killer_ends_on_kernel_4_9_is_oom(tmp_path):
     assert proc.returncode == 0, proc.stderr
     s = json.loads((tmp_path / "job" / "summary.json").read_text())
     assert s["failure"]["kind"] == "oom" and "Killed process" in s["failure"]["message"], s["failure"]
+
+
+@pytest.mark.parametrize("lines", [KMSG_4_9, KMSG_5_X])
+def test_in_a_container_the_hosts_pid_is_matched_by_the_process_name(kernel_4_9, lines, monkeypatch):
+    """Inside a container's pid namespace the kernel log names the host's pid (98765), never the job's (5151): a
+    kill of a process with the job's name logged while it ran is the job's, and the message says how it matched."""
+    monkeypatch.setattr(isolation, "_own_comm", lambda: b"python3")
+    kills = isolation.OomKills(kmsg_path=str(kernel_4_9))
+    with open(kernel_4_9, "a") as f:
+        f.write(OTHER.format(seq=103) + lines.format(seq=104, seq2=105, pid=98765))
+    failure = isolation.killed_failure(-signal.SIGKILL, kills.since(5151))
+    assert failure["kind"] == "oom", failure
+    assert "Killed process 98765 (python3)" in failure["message"]
+    assert "matched by the process name" in failure["message"]
+
+
+def test_a_kill_of_another_name_is_not_matched_by_name(kernel_4_9, monkeypatch):
+    monkeypatch.setattr(isolation, "_own_comm", lambda: b"mtbench")
+    kills = isolation.OomKills(kmsg_path=str(kernel_4_9))
+    with open(kernel_4_9, "a") as f:
+        f.write(KMSG_5_X.format(seq=103, pid=98765))  # a python3 of a neighbour's
+    assert isolation.killed_failure(-signal.SIGKILL, kills.since(5151))["kind"] == "killed"

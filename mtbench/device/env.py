@@ -56,7 +56,39 @@ def describe(device: Any, root: str = "/") -> Dict[str, Any]:
     })
     out["device_name"] = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_model()
     out["torch_threads"] = torch.get_num_threads()
+    out["cuda_math"] = cuda_math() if device.type == "cuda" else None
     out["jetson"] = jetson(root)
+    return out
+
+
+def cuda_math() -> Dict[str, Any]:
+    """The float32 math a CUDA job's kernels were allowed (TF32, reduced-precision reductions): what decides a
+    step's time and numerics on Ampere and newer. Each setting torch has, as torch reports it (torch >= 2.9 names
+    them fp32_precision; older ones allow_tf32); null where this torch has no such setting."""
+    import warnings
+
+    import torch
+
+    reads = {
+        "float32_matmul_precision": lambda: torch.get_float32_matmul_precision(),
+        "matmul_fp32_precision": lambda: torch.backends.cuda.matmul.fp32_precision,  # torch >= 2.9
+        "cudnn_conv_fp32_precision": lambda: torch.backends.cudnn.conv.fp32_precision,  # torch >= 2.9
+        "matmul_allow_tf32": lambda: torch.backends.cuda.matmul.allow_tf32,
+        "cudnn_allow_tf32": lambda: torch.backends.cudnn.allow_tf32,
+        "matmul_allow_fp16_reduced_precision_reduction":
+            lambda: torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction,
+        "matmul_allow_bf16_reduced_precision_reduction":
+            lambda: torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction,
+    }
+    out: Dict[str, Any] = {}
+    for name, read in reads.items():
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch >= 2.9 deprecates allow_tf32 in favour of fp32_precision
+            try:
+                value = read()
+            except (AttributeError, RuntimeError):
+                value = None
+        out[name] = value if isinstance(value, (bool, str)) or value is None else str(value)
     return out
 
 

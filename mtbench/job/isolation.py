@@ -190,7 +190,17 @@ KMSG_MAX_BYTES = 4 * 2**20  # the log's ring buffer is 128 KiB - 1 MiB on these 
 # or sacrifice child" and then "Killed process 4242 (python3) total-vm:...", 5.x "Out of memory: Killed process
 # 4242 (python3) total-vm:..." ("Memory cgroup out of memory: ..." inside a cgroup)
 KMSG_KILL = re.compile(rb"\bKill(?:ed)? process (\d+) \(")
+KMSG_KILLED_NAME = re.compile(rb"\bKilled process \d+ \(([^)]*)\)")
 NOT_COUNTED = "the OOM killer is possible, this kernel does not count its kills"
+
+
+def _own_comm() -> Optional[bytes]:
+    """This process's name as the kernel gives it (/proc/self/comm, at most 15 bytes)."""
+    try:
+        with open("/proc/self/comm", "rb") as f:
+            return f.read().strip() or None
+    except OSError:
+        return None
 
 
 class OomKills:
@@ -210,6 +220,10 @@ class OomKills:
         counted = self.before is not None or self.machine_before is not None
         records = None if counted else _read_kmsg(self.kmsg_path)
         self.kmsg_after: Optional[int] = max((seq for seq, _ in records), default=-1) if records is not None else None
+        # the job's process name as the kernel logs it (a forked job keeps its parent's): in a container the log
+        # names the host's pid, which the job never sees, so a kill of a process of this name logged while the job
+        # ran is matched too, and said to be matched so
+        self.comm = _own_comm()
 
     def since(self, pid: Optional[int] = None) -> Dict[str, Any]:
         """{"own": kills in the job's cgroup or None, "machine": kills on the machine or None, "file": ...,
@@ -225,6 +239,11 @@ class OomKills:
                          if seq > self.kmsg_after and any(int(m) == pid for m in KMSG_KILL.findall(text))]
                 # 4.9's "Kill process" names the process chosen; its "Killed process" line the one killed
                 named.sort(key=lambda text: b"Killed process" not in text)
+                if not named and self.comm:
+                    named = [text + b" [matched by the process name and the time: in a container the log names "
+                                    b"the host's pid]" for seq, text in records
+                             if seq > self.kmsg_after and b"Killed process" in text
+                             and any(name == self.comm for name in KMSG_KILLED_NAME.findall(text))]
                 kmsg = named[0].decode("utf-8", "replace") if named else ""
         return {"own": None if own is None or self.before is None else own - self.before,
                 "machine": None if machine is None or self.machine_before is None else machine - self.machine_before,

@@ -103,7 +103,7 @@ class Planner:
             os.environ[ALLOC_CONF] = ",".join(p for p in (conf, "expandable_segments:True") if p)
 
     def _apply_allocator_settings(self, device: torch.device) -> Dict[str, Any]:
-        """The allocator setting on a CUDA device, and what took effect, read back (summary.json)."""
+        """The allocator setting on a CUDA device, as set (summary.json; what took effect: summary())."""
         requested = self.settings.expandable_segments
         if requested and getattr(torch.cuda.get_device_properties(device), "is_integrated", False):
             # a Jetson: the driver's virtual-memory calls behind expandable segments fail (every job would be "oom")
@@ -115,16 +115,20 @@ class Planner:
         if requested and setter is not None:  # applies to segments made from now on
             setter("expandable_segments:True")
             record["set_through"] = f"{ALLOC_CONF} and the allocator-settings call"
-        getter = getattr(torch._C, "_accelerator_getAllocatorSettings", None)  # torch >= 2.9
+        # torch >= 2.9 gives back the settings string as it was last set: what was asked, not a confirmation that
+        # the allocator applies it (that is the segments' count, summary())
+        getter = getattr(torch._C, "_accelerator_getAllocatorSettings", None)
         if getter is not None:
             settings = str(getter())
-            record["settings"] = settings
-            record["expandable_segments"] = "expandable_segments:true" in settings.replace(" ", "").lower()
+            record["settings_set"] = settings
+            record["expandable_segments_set"] = "expandable_segments:true" in settings.replace(" ", "").lower()
+            record["settings_note"] = ("the settings string as last set, given back as it was given: not what the "
+                                       "allocator applied (its segments say that)")
         else:
-            record["settings"] = None
-            record["expandable_segments"] = None
-            record["unavailable"] = (f"torch {torch.__version__} cannot read its allocator settings back (torch >= "
-                                     "2.9 can); the segments' count below says what took effect")
+            record["settings_set"] = None
+            record["expandable_segments_set"] = None
+            record["settings_note"] = (f"torch {torch.__version__} does not give its allocator settings back (torch "
+                                       ">= 2.9 gives the string set); the segments' count says what took effect")
         return record
 
     def _warn_untimed_autotune(self, device: torch.device) -> None:
@@ -372,10 +376,9 @@ class Planner:
             reserved, allocated = mem.get("mem_peak_reserved_bytes"), mem.get("mem_peak_bytes")
             segments = expandable_segment_count()
             out["allocator"] = {**self.allocator, "segments": segments}
-            # what took effect: the allocator's own segments where it has any, else its settings read back
-            took = (segments["expandable"] > 0 if segments and segments["total"] else
-                    self.allocator.get("expandable_segments"))
-            out["expandable_segments"] = took
+            # what took effect: the allocator's own segments; without any, not known (the settings given back are
+            # only what was set)
+            out["expandable_segments"] = segments["expandable"] > 0 if segments and segments["total"] else None
             out["fragmentation_bytes"] = (int(reserved) - int(allocated)
                                           if reserved is not None and allocated is not None else None)
         return out
