@@ -281,6 +281,18 @@ for (kind, name, _), lines in blocks.items():
 mode = [ls for (kind, _, i), ls in blocks.items() if kind == "POWER_MODEL" and i == sys.argv[2]]
 if not mode:
     sys.exit("NVPM ERROR: Invalid mode id " + sys.argv[2])
+# an Orin's GPU power gating cannot change once the GPU is up: nvpmodel asks for a reboot and, not told YES on its
+# standard input, changes nothing
+for param, arg, value in mode[0]:
+    if param in ("TPC_POWER_GATING", "GPU_POWER_GATING"):
+        for path in files[(param, arg)]:
+            path = os.path.join(root, path.lstrip("/"))
+            if open(path).read().strip() != value:
+                print("NVPM WARN: Golden image context is already created")
+                print("NVPM WARN: Reboot required for changing to this power mode: " + sys.argv[2])
+                print("NVPM WARN: DO YOU WANT TO REBOOT NOW? enter YES/yes to confirm:", flush=True)
+                if sys.stdin.readline().strip().lower() != "yes":
+                    sys.exit(0)
 for param, arg, value in mode[0]:
     for path in files[(param, arg)]:
         path = os.path.join(root, path.lstrip("/"))

@@ -224,3 +224,23 @@ def test_sigterm_to_the_sweep_restores_the_running_jobs_settings(board, tmp_path
     assert proc.returncode == 143, err
     assert json.loads((tmp_path / "job" / "summary.json").read_text())["failure"]["kind"] == "terminated"
     assert files_of(board) == before
+
+
+def test_a_mode_that_needs_a_reboot_is_not_applied_and_the_job_does_not_run(board, tmp_path):
+    """An Orin's GPU power gating cannot change while the GPU is up: nvpmodel asks for a reboot (its standard input
+    is empty: no) and changes nothing. The job is not measured in a mode the board is not in: one line says so."""
+    conf = board / "etc/nvpmodel.conf"
+    conf.write_text(conf.read_text() + "\n< PARAM TYPE=FILE NAME=TPC_POWER_GATING >\n"
+                    "TPC_PG_MASK /sys/devices/platform/gpu.0/tpc_pg_mask\n\n< POWER_MODEL ID=3 NAME=MODE_GATED >\n"
+                    "CPU MAX_FREQ 1497600\nTPC_POWER_GATING TPC_PG_MASK 254\n")
+    (board / "sys/devices/platform/gpu.0").mkdir(parents=True, exist_ok=True)
+    (board / "sys/devices/platform/gpu.0/tpc_pg_mask").write_text("0\n")
+    before = files_of(board)
+    ctl = control(board, tmp_path / "job", nvpmodel="MODE_GATED")
+    with pytest.raises(UsageError) as info:
+        ctl.apply()
+    message = str(info.value)
+    assert "power.nvpmodel='MODE_GATED': mode 3 was not applied (NVPM WARN: Reboot required for changing to this " \
+           "power mode: 3); the board stays in mode 0" in message and "\n" not in message
+    ctl.restore()
+    assert files_of(board) == before
