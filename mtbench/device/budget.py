@@ -107,12 +107,21 @@ def compared_bytes(mem: Dict[str, Any], runtime_bytes: Optional[int]) -> Optiona
 
 def budget_failure(target: Target, mem: Dict[str, Any], enforced_by: Optional[str],
                    runtime_bytes: Optional[int] = None) -> Optional[Dict[str, str]]:
-    """After the job (CPU): failure {"kind": "budget", ...} when its memory exceeds the budget, else None."""
+    """After the job: failure {"kind": "budget", ...} when its memory exceeds the budget, else None. On CPU the
+    training memory less the runtime; on an integrated GPU (a Jetson) the board's memory, the host's training
+    memory plus the allocator's reserved peak, less the host's runtime (the allocator alone is capped at the
+    budget before the model is built, the host's memory comes on top of it in the same DRAM)."""
     budget = target.memory_budget_bytes
-    compared = compared_bytes(mem, runtime_bytes)
-    if budget is None or enforced_by != "peak_check" or compared is None or compared <= budget:
+    if mem.get("mem_board_bytes") is not None:  # an integrated GPU: host and allocator share the board's DRAM
+        peak, which = int(mem["mem_board_bytes"]), f"board memory: {mem.get('mem_board_source')}"
+        compared = peak - int(runtime_bytes or 0)
+    elif enforced_by == "peak_check":
+        compared = compared_bytes(mem, runtime_bytes)
+        peak, which = _compared_peak(mem)
+    else:
         return None
-    peak, which = _compared_peak(mem)
+    if budget is None or compared is None or compared <= budget:
+        return None
     assert peak is not None
     held = (f" less {_gib(runtime_bytes)} held before the model was built (the runtime) = {_gib(compared)}"
             if runtime_bytes else "")

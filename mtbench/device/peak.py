@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import ctypes
 import gc
+import os
 import re
 import resource
 import sys
@@ -12,6 +13,7 @@ import torch
 
 from mtbench.device import hugepages
 from mtbench.device.glibc import mallopt
+from mtbench.regular_files import read_head
 
 _HWM = re.compile(rb"VmHWM:\s+(\d+)\s+kB")
 _RSS = re.compile(rb"VmRSS:\s+(\d+)\s+kB")
@@ -152,13 +154,41 @@ def set_cpu_malloc(mode: str, budgeted: bool) -> Optional[Dict[str, Any]]:
     return {"setting": "glibc", "mmap_threshold_bytes": None, "note": "glibc's own settings (memory.cpu_malloc=glibc)"}
 
 
+# nvmap's per-process accounting of the buffers it maps for the GPU (Jetson, debugfs: root): "CLIENT PROCESS PID
+# SIZE" lines, one per client (a process may hold several), "<name> <comm> <pid> <K>K", then a total and a note
+NVMAP_CLIENTS = "/sys/kernel/debug/nvmap/iovmm/clients"
+
+
+def nvmap_bytes(pid: int, path: str = NVMAP_CLIENTS) -> Optional[int]:
+    """What nvmap holds for `pid`'s GPU buffers (its allocator's segments, the CUDA context, cuDNN's and cuBLAS's
+    workspaces) on a Jetson; None where the file is not readable (not root, no debugfs, not a Jetson)."""
+    try:
+        text = read_head(path, 1 << 20).decode("utf-8", "replace")
+    except OSError:
+        return None
+    total = 0
+    for line in text.splitlines()[1:]:
+        words = line.split()
+        if len(words) >= 4 and words[-2].isdigit() and int(words[-2]) == pid and words[-1].endswith("K") \
+                and words[-1][:-1].isdigit():
+            total += int(words[-1][:-1]) * 1024
+    return total
+
+
+def integrated(device: torch.device) -> bool:
+    """A CUDA device that shares the host's DRAM (a Jetson): its allocator's memory is the board's."""
+    return device.type == "cuda" and bool(getattr(torch.cuda.get_device_properties(device), "is_integrated", False))
+
+
 class PeakMemory:
-    """`reset()` just before the measured steps, `read()` after them."""
+    """`reset()` just before the measured steps, `read()` after them. On an integrated GPU (a Jetson) the board's
+    memory is read too: the host's training memory plus what the CUDA allocator reserved, both in one DRAM."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
         self._hwm_resettable = False
         self.baseline_bytes: Optional[int] = None
+        self.integrated = integrated(device)
 
     def reset(self, trim: bool = False) -> None:
         """trim (a CPU job held to a budget under `live`): first give back the heap earlier steps left (warm-up,
@@ -170,6 +200,7 @@ class PeakMemory:
             torch.cuda.synchronize(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)
             self.baseline_bytes = torch.cuda.memory_allocated(self.device)
+            self._hwm_resettable = self.integrated and _reset_hwm()  # the host's half of the board's memory
         else:
             self._hwm_resettable = _reset_hwm()
             self.baseline_bytes = hwm_bytes() if self._hwm_resettable else None
@@ -177,12 +208,13 @@ class PeakMemory:
     def read(self) -> Dict[str, Any]:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-            return {
+            out = {
                 "mem_peak_bytes": int(torch.cuda.max_memory_allocated(self.device)),
                 "mem_peak_source": "cuda_allocator",
                 "mem_peak_reserved_bytes": int(torch.cuda.max_memory_reserved(self.device)),
                 "mem_baseline_bytes": self.baseline_bytes,
             }
+            return {**out, **self._board(out["mem_peak_reserved_bytes"])} if self.integrated else out
         hwm = hwm_bytes()
         if hwm is not None and self._hwm_resettable:
             return {"mem_peak_bytes": hwm, "mem_peak_source": "process_rss", "mem_baseline_bytes": self.baseline_bytes,
@@ -194,6 +226,22 @@ class PeakMemory:
             return {"mem_peak_bytes": hwm, "mem_peak_source": "process_hwm_lifetime", "mem_baseline_bytes": None}
         # no /proc (not Linux): ru_maxrss, the lifetime peak, which Linux would carry across exec from the parent
         return {"mem_peak_bytes": ru_maxrss_bytes(), "mem_peak_source": "process_ru_maxrss", "mem_baseline_bytes": None}
+
+
+    def _board(self, reserved: int) -> Dict[str, Any]:
+        """The board's memory of an integrated GPU's job: the host's training peak (VmHWM less the file-backed
+        pages) plus the allocator's reserved peak (an upper bound: the two peaks need not coincide); nvmap's
+        figure for this process beside it where readable (it also counts the CUDA context and the libraries'
+        workspaces, which a target's budget rule leaves to the runtime)."""
+        hwm = hwm_bytes() if self._hwm_resettable else None
+        host = training_peak(hwm) if hwm is not None else {}
+        out: Dict[str, Any] = {**host, "mem_nvmap_bytes": nvmap_bytes(os.getpid())}
+        if host.get("mem_training_peak_bytes") is None:
+            return {**out, "mem_board_bytes": None,
+                    "mem_board_source": "not known: the host's high-water mark could not be reset or read"}
+        return {**out, "mem_board_bytes": host["mem_training_peak_bytes"] + reserved,
+                "mem_board_source": "host training memory (VmHWM less file-backed pages) + CUDA allocator reserved "
+                                    "peak"}
 
 
 def training_peak(hwm: int) -> Dict[str, Any]:

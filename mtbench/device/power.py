@@ -228,16 +228,9 @@ class PowerControl:
             last = (proc.stderr.strip() or proc.stdout.strip() or "no message").splitlines()[-1]
             raise UsageError(f"power.nvpmodel={self.asked['nvpmodel']!r}: nvpmodel -m {mode} failed "
                              f"(exit {proc.returncode}): {last}")
-        # a mode that changes what cannot change while the GPU is up (an Orin's power gating) takes effect only
-        # after a reboot: nvpmodel asks for one (its standard input is empty: no) and the board stays as it was
-        said = [line.strip() for line in (proc.stdout + "\n" + proc.stderr).splitlines()
-                if "reboot required" in line.lower()]
-        now = fs.nvpmodel_mode(self.root)
-        if said or now != mode:
-            why = said[0] if said else f"the board reports mode {now} after it"
-            raise UsageError(f"power.nvpmodel={self.asked['nvpmodel']!r}: mode {mode} was not applied ({why}); "
-                             f"the board stays in mode {now}: set it and reboot before the run (sudo nvpmodel -m "
-                             f"{mode}), or choose a mode that applies without a reboot")
+        why = fs.nvpmodel_not_applied(self.root, mode, proc.stdout + "\n" + proc.stderr)
+        if why is not None:
+            raise UsageError(f"power.nvpmodel={self.asked['nvpmodel']!r}: {why}")
 
     def _set_cores(self, cores: List[int], jetson: bool) -> None:
         import torch

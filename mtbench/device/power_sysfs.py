@@ -114,6 +114,19 @@ def nvpmodel_mode(root: str) -> Optional[int]:
     return int(match.group(1)) if match else None
 
 
+def nvpmodel_not_applied(root: str, mode: int, said: str) -> Optional[str]:
+    """Why `nvpmodel -m mode`, which exited 0 saying `said`, did not apply the mode; None where it did. A mode that
+    changes what cannot change while the GPU is up (an Orin's power gating) takes effect only after a reboot:
+    nvpmodel asks for one (its standard input is empty: no) and the board stays as it was."""
+    reboot = [line.strip() for line in said.splitlines() if "reboot required" in line.lower()]
+    now = nvpmodel_mode(root)
+    if not reboot and now == mode:
+        return None
+    why = reboot[0] if reboot else f"the board reports mode {now} after it"
+    return (f"mode {mode} was not applied ({why}); the board stays in mode {now}: set it and reboot before the "
+            f"run (sudo nvpmodel -m {mode}), or choose a mode that applies without a reboot")
+
+
 def available(root: str, rel: str) -> List[int]:
     """The whole numbers in a space-separated sysfs list (available_frequencies), [] where absent."""
     return [int(v) for v in (read_attr(root, rel) or "").split() if v.isdigit()]

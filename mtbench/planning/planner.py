@@ -72,11 +72,12 @@ class Planner:
         on CPU set glibc's malloc for the peak check (memory.cpu_malloc)."""
         assert self.device is not None, "before_build first"
         # what the runtime owns before the model exists, in the measure the CPU budget compares (device/budget.py)
-        self.runtime_bytes = peak.budget_runtime_bytes() if self.device.type == "cpu" else None
+        self.runtime_bytes = (peak.budget_runtime_bytes()
+                              if self.device.type == "cpu" or peak.integrated(self.device) else None)
         cpu_malloc = self.settings.cpu_malloc
         self.held = apply_budget(self.target, self.device, cpu_malloc)
-        if self.held["budget_enforced_by"] == "peak_check":
-            self.held["budget_runtime_bytes"] = self.runtime_bytes  # taken off the training peak it compares
+        if self.held["budget_bytes"] is not None and self.runtime_bytes is not None:
+            self.held["budget_runtime_bytes"] = self.runtime_bytes  # taken off the training (board) peak compared
         if self.held["budget_bytes"] is None and self.device.type == "cpu":
             # no peak check: memory.cpu_malloc as asked (auto: live where memory.budget_file alone steers the plan,
             # so that its probes measure as a budgeted job's; else glibc's own settings)
@@ -118,17 +119,13 @@ class Planner:
         # torch >= 2.9 gives back the settings string as it was last set: what was asked, not a confirmation that
         # the allocator applies it (that is the segments' count, summary())
         getter = getattr(torch._C, "_accelerator_getAllocatorSettings", None)
-        if getter is not None:
-            settings = str(getter())
-            record["settings_set"] = settings
-            record["expandable_segments_set"] = "expandable_segments:true" in settings.replace(" ", "").lower()
-            record["settings_note"] = ("the settings string as last set, given back as it was given: not what the "
-                                       "allocator applied (its segments say that)")
-        else:
-            record["settings_set"] = None
-            record["expandable_segments_set"] = None
-            record["settings_note"] = (f"torch {torch.__version__} does not give its allocator settings back (torch "
-                                       ">= 2.9 gives the string set); the segments' count says what took effect")
+        settings = str(getter()) if getter is not None else None
+        record.update(settings_set=settings, expandable_segments_set=None if settings is None else
+                      "expandable_segments:true" in settings.replace(" ", "").lower(),
+                      settings_note=("the settings string as last set, given back as it was given: not what the "
+                                     "allocator applied (its segments say that)") if settings is not None else
+                      (f"torch {torch.__version__} does not give its allocator settings back (torch >= 2.9 gives "
+                       "the string set); the segments' count says what took effect"))
         return record
 
     def _warn_untimed_autotune(self, device: torch.device) -> None:
