@@ -11,7 +11,7 @@ from tests.conftest import compose_cfg
 
 BOARDS = ["tx2", "nano", "xavier_nx", "agx_xavier", "orin_nano", "orin_nx", "agx_orin"]
 KEYS = {"name", "description", "memory_total_bytes", "memory_budget_bytes", "peak_fp32_flops", "peak_fp16_flops",
-        "dram_bandwidth_bytes_per_s", "cpu_cores", "cpu_types", "jetpack", "cuda", "python", "torch"}
+        "dram_bandwidth_bytes_per_s", "cpu_cores", "cpu_types", "jetpack", "cuda", "python", "torch", "gpu_capability"}
 
 
 def test_the_options_are_none_and_the_seven_boards():
@@ -37,6 +37,7 @@ def test_board_figures_are_plausible(name):
         assert len(t.cpu_types) == t.cpu_cores
     for key in ("jetpack", "cuda", "python", "torch"):
         assert isinstance(getattr(t, key), str)
+    assert t.capability() in {(5, 3), (6, 2), (7, 2), (8, 7)}  # Nano, TX2, Xavier, Orin
 
 
 def test_tx2_has_two_denver2_and_four_a57_cores():

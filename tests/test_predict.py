@@ -201,7 +201,25 @@ def test_an_uncalibrated_cuda_prediction_counts_the_cublas_workspace(monkeypatch
 
     monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
     size, note = mod.cuda_non_tensor_bytes()
-    assert size >= 8 * 2**20 and "cuBLAS's workspace" in note and "cuDNN" in note
+    assert size >= 16 * 2**20 and "cuBLAS's workspaces" in note and "cuDNN" in note
+
+
+def test_a_training_step_counts_two_cublas_workspaces_of_the_targets_gpu(monkeypatch):
+    """torch gives each thread its own cuBLAS handle and workspace: the forward pass's and autograd's backward
+    thread's. Sized for the target's GPU (an Orin, sm87: 4 MiB x 2 + 16 KiB x 8 each), not the host's (an H100
+    here, sm90: 32 MiB each)."""
+    from mtbench.device.targets import load_target
+    from mtbench.predict import predictor as mod
+
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    assert load_target("agx_orin").capability() == (8, 7)
+    size, note = mod.cuda_non_tensor_bytes(load_target("agx_orin").capability())
+    assert size == 2 * (4096 * 2 + 16 * 8) * 1024
+    assert "the forward thread's and autograd's backward thread's; the target's GPU, sm87" in note
+    size, note = mod.cuda_non_tensor_bytes(None)  # no target: this machine's GPU
+    assert size == 2 * 32 * 2**20 and "this machine's GPU, sm90" in note
 
 
 def test_calibrate_profile_switch_reaches_the_fit(tmp_path, monkeypatch, capsys):

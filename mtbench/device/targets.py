@@ -1,11 +1,15 @@
 """Board targets (conf/target/): a Jetson's shared memory, the budget one training process gets, its peak figures."""
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, fields
 from typing import Any, Dict, Optional, Tuple, Union
 
 from mtbench.config import conf_dir, group_options
 from mtbench.errors import UsageError
+
+
+OPTIONAL = ("gpu_capability",)  # fields a target file may leave out (null)
 
 
 @dataclass(frozen=True)
@@ -25,11 +29,17 @@ class Target:
     cuda: Optional[str]
     python: Optional[str]
     torch: Optional[str]  # the newest torch NVIDIA ships for that JetPack
+    gpu_capability: Optional[str] = None  # the GPU's CUDA compute capability, "major.minor" (TX2: "6.2")
 
     @classmethod
     def none(cls) -> "Target":
         """No target board: no budget, no figures."""
         return cls(name="none", **{f.name: None for f in fields(cls) if f.name != "name"})
+
+    def capability(self) -> Optional[Tuple[int, int]]:
+        """The GPU's compute capability as (major, minor); None where the file does not say."""
+        match = re.fullmatch(r"\s*(\d+)\.(\d+)\s*", self.gpu_capability or "")
+        return (int(match.group(1)), int(match.group(2))) if match else None
 
     @property
     def is_none(self) -> bool:
@@ -39,15 +49,15 @@ class Target:
     def from_mapping(cls, node: Dict[str, Any]) -> "Target":
         """A Target from a composed config's `target` node (or the YAML file's mapping)."""
         names = [f.name for f in fields(cls)]
-        missing = [n for n in names if n not in node]
+        missing = [n for n in names if n not in node and n not in OPTIONAL]
         if missing:
             raise UsageError(f"target {node.get('name')!r} lacks {', '.join(missing)}; see conf/target/none.yaml")
-        values = {n: node[n] for n in names}
+        values = {n: node.get(n) for n in names}
         for key in ("memory_total_bytes", "memory_budget_bytes", "cpu_cores"):
             values[key] = _whole(values[key], key)
         for key in ("peak_fp32_flops", "peak_fp16_flops", "dram_bandwidth_bytes_per_s"):
             values[key] = None if values[key] is None else float(values[key])
-        for key in ("description", "jetpack", "cuda", "python", "torch"):
+        for key in ("description", "jetpack", "cuda", "python", "torch", "gpu_capability"):
             values[key] = None if values[key] is None else str(values[key])
         types = values["cpu_types"]
         if types is not None and not isinstance(types, str):

@@ -45,22 +45,29 @@ def cublas_workspace_bytes(major: Optional[int], minor: Optional[int], config: O
     return (4096 * 2 + 16 * 8) * 1024
 
 
-def cuda_non_tensor_bytes() -> Tuple[int, str]:
-    """The CUDA term without a calibration: cuBLAS's workspace for this machine's GPU (or a GPU other than sm90 where
-    none is visible), and what it does not count (cuDNN's per-algorithm workspaces: calibrate to include them)."""
+# torch keeps one cuBLAS workspace per (handle, stream), and a handle per thread: a training step has two, the
+# forward pass's (the job's thread) and the backward pass's (autograd's device thread)
+CUBLAS_THREADS_IN_TRAINING = 2
+
+
+def cuda_non_tensor_bytes(capability: Optional[Tuple[int, int]] = None) -> Tuple[int, str]:
+    """The CUDA term without a calibration: cuBLAS's workspaces of a training step, sized for the target's GPU
+    (`capability`; else this machine's, else a GPU other than sm90), and what it does not count (cuDNN's
+    per-algorithm workspaces: calibrate to include them)."""
     import os
 
-    major = minor = None
-    if torch.cuda.is_available():
-        major, minor = torch.cuda.get_device_capability()
+    where = "the target's GPU"
+    if capability is None and torch.cuda.is_available():
+        capability, where = torch.cuda.get_device_capability(), "this machine's GPU"
+    major, minor = capability if capability is not None else (None, None)
     config = os.environ.get("CUBLAS_WORKSPACE_CONFIG")
-    size = cublas_workspace_bytes(major, minor, config)
-    where = f"sm{major}{minor}" if major is not None else "a GPU other than sm90 (none visible here)"
-    return size, (f"not calibrated: cuBLAS's workspace {size / 2**20:.2f} MiB ({where}"
+    each = cublas_workspace_bytes(major, minor, config)
+    size = CUBLAS_THREADS_IN_TRAINING * each
+    gpu = f"{where}, sm{major}{minor}" if major is not None else "a GPU other than sm90 (none visible here)"
+    return size, (f"not calibrated: cuBLAS's workspaces {size / 2**20:.2f} MiB ({CUBLAS_THREADS_IN_TRAINING} x "
+                  f"{each / 2**20:.2f} MiB: the forward thread's and autograd's backward thread's; {gpu}"
                   f"{', CUBLAS_WORKSPACE_CONFIG=' + config if config else ''}); cuDNN's workspaces are not counted "
                   "(calibrate to include them; the CUDA context is outside the target's budget, as its rule says)")
-
-
 
 
 @dataclass
@@ -271,7 +278,7 @@ class Predictor:
                        + cal.non_tensor_per_conv_weight_byte * conv_weight_bytes)
             return int(runtime), f"{cal.non_tensor_note}; {cal.describe()}"
         if self.device == "cuda":
-            return cuda_non_tensor_bytes()
+            return cuda_non_tensor_bytes(self.target.capability())
         if self.cpu_malloc_live:
             return DEFAULT_NON_TENSOR_BYTES_CPU_LIVE, DEFAULT_NON_TENSOR_NOTE_CPU_LIVE
         return DEFAULT_NON_TENSOR_BYTES_CPU, DEFAULT_NON_TENSOR_NOTE_CPU
