@@ -1,18 +1,27 @@
 """One command on a machine with a CUDA GPU: the CUDA tests, a small measured matrix and the checks only a real GPU
-can answer, printed as one table (issue 27 item 16). On a CPU-only machine every part runs that can, and each
-CUDA part says that it was skipped.
+can answer, printed as one table and written to one JSON file (issue 27 item 16, issue 49 item 3). On a CPU-only
+machine every part runs that can, and each CUDA part says that it was skipped.
 
-    python benchmarks/gpu_check.py [--out DIR] [--budget-s 480]
+    python benchmarks/gpu_check.py [--out DIR] [--budget-s 480] [--wheels DIR]
 
-From the repository root, after `pip install -e '.[test,nvidia]'` (a wheel set carried to the machine works the
-same way). Parts, each with its own time limit (the whole run stays within --budget-s, 8 minutes by default):
+From the repository root. It needs torch; mtbench's own dependencies (hydra-core, omegaconf, ...) where missing are
+installed from --wheels DIR (or benchmarks/wheels/) into the output folder, else named with the one pip command and
+the parts that need them skipped (a machine with torch but no hydra-core still runs the probe). Parts, each with its
+own time limit (the whole run stays within --budget-s, 8 minutes by default):
+  deps      what mtbench needs and what was installed from the wheels
+  probe     each NVML field's real update period, learned from 5 ms samples under a square-wave load on the GPU
+            (0.5 s of matrix products, 0.5 s idle)
   tests     tests/test_cuda.py, test_jetson_truth.py, test_memory_budget.py, test_nvml_truth.py (CUDA: all of them)
   matrix    3 models x 2 batches, measured (CUDA: batch 16 and 64, 10 steps, NVML; CPU: batch 1 and 2, 1 step)
-  predict   the predictor's allocator peak against each CUDA job's max_memory_allocated
-  tx2       VGG19 at 224x224 batch 64 under target=tx2's cap (5.5 GiB): must be "oom", as on the board
-  energy    NVML: the steps' energies summed against the energy counter over the measured steps
+  predict   like with like: the predicted allocated peak (tensors + cuBLAS's workspaces, which go through the
+            caching allocator) against each CUDA job's max_memory_allocated, and the predicted reserved peak
+            against max_memory_reserved
+  tx2       VGG19 at 224x224 under target=tx2's cap (5.5 GiB): batch 64 must be "oom", as on the board, and
+            batch 2 must fit (the control)
+  energy    NVML: the mean power of the measured steps (their energies over their time) against the energy
+            counter's over a window its own change points set, not the steps (within 5 %)
   overhead  the sampler's cost: mtbench's step time over a bare loop's (benchmarks/overhead.py, process mode)
-Exit 0 when no part failed (skipped parts do not fail), 1 otherwise.
+Writes <out>/gpu_check.json (every row). Exit 0 when no part failed (skipped parts do not fail), 1 otherwise.
 """
 from __future__ import annotations
 
@@ -26,12 +35,15 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 REPO = Path(__file__).resolve().parent.parent
 MODELS = ["squeezenet", "resnet50", "vgg16"]
 TESTS = ["tests/test_cuda.py", "tests/test_jetson_truth.py", "tests/test_memory_budget.py", "tests/test_nvml_truth.py"]
-TX2_JOB = ["model=vgg19", "model.workload.net.variant=imagenet", "data.image_size=224", "batch=64", "target=tx2"]
+TX2_JOB = ["model=vgg19", "model.workload.net.variant=imagenet", "data.image_size=224", "target=tx2"]
+# what `python -m mtbench` imports beyond torch: module -> the pip name
+NEEDED = {"hydra": "hydra-core", "omegaconf": "omegaconf", "numpy": "numpy", "torchvision": "torchvision",
+          "psutil": "psutil", "rich": "rich", "matplotlib": "matplotlib", "yaml": "PyYAML"}
 
 
 class Check:
@@ -51,6 +63,13 @@ class Check:
     def failed(self) -> bool:
         return any(r[1] == "FAIL" for r in self.rows)
 
+    def as_json(self, path: Path, machine: Dict[str, Any]) -> None:
+        rows = [{"part": p.strip(), "status": st, "result": r} for p, st, r in self.rows]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"machine": machine, "rows": rows,
+                                    "skipped": [r["part"] for r in rows if r["status"] == "SKIP"],
+                                    "failed": [r["part"] for r in rows if r["status"] == "FAIL"]}, indent=1))
+
     def table(self) -> str:
         widths = [max(len(r[i]) for r in self.rows + [["part", "status", "result"]]) for i in range(2)]
         lines = [f"{'part':{widths[0]}}  {'status':{widths[1]}}  result"]
@@ -65,6 +84,74 @@ def run(cmd: List[str], timeout_s: float) -> subprocess.CompletedProcess:
     except subprocess.TimeoutExpired as exc:
         out = exc.stdout.decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
         return subprocess.CompletedProcess(cmd, 124, out, f"timed out after {timeout_s:.0f} s")
+
+
+def missing_modules() -> List[str]:
+    import importlib.util
+
+    return [m for m in NEEDED if importlib.util.find_spec(m) is None]
+
+
+def part_deps(check: Check, wheels: Optional[Path], out: Path) -> bool:
+    """Whether mtbench's dependencies import here; missing ones are installed from `wheels` into <out>/site (put on
+    this process's path and the subprocesses' PYTHONPATH), else named with the pip command."""
+    missing = missing_modules()
+    if missing and wheels is not None and wheels.is_dir():
+        site = out / "site"
+        proc = subprocess.run([sys.executable, "-m", "pip", "install", "--no-index", "--find-links", str(wheels),
+                               "--target", str(site), "--quiet", *[NEEDED[m] for m in missing]],
+                              capture_output=True, text=True)
+        if proc.returncode == 0:
+            sys.path.insert(0, str(site))
+            os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH")) if p)
+            check.add("deps", "INFO", f"installed from {wheels} into {site}: {', '.join(NEEDED[m] for m in missing)}")
+            missing = missing_modules()
+        else:
+            check.add("deps", "INFO", f"installing from {wheels} failed: {(proc.stderr.strip() or '?')[-300:]}")
+    if missing:
+        names = " ".join(NEEDED[m] for m in missing)
+        check.add("deps", "SKIP", f"missing {names}: the parts that run mtbench are skipped; install with "
+                                  f"`pip install {names}` (no network: `pip download -d benchmarks/wheels {names}` "
+                                  "where there is one, carry the folder, pass --wheels benchmarks/wheels)")
+        return False
+    check.add("deps", "PASS", "mtbench's dependencies import: " + ", ".join(NEEDED.values()))
+    return True
+
+
+def part_probe(check: Check, cuda: bool, nvml_why: Optional[str], seconds: float = 8.0) -> None:
+    """Each NVML field's update period as the samples show it under a square-wave load: 0.5 s of matrix products on
+    the GPU, 0.5 s idle (its value changes at least then); the shortest interval between changes (10th percentile)
+    beside the period mtbench declares for it."""
+    if not cuda or nvml_why:
+        check.add("probe", "SKIP", f"sensor update periods: {'no CUDA GPU' if not cuda else nvml_why}")
+        return
+    import numpy as np
+    import torch
+
+    from mtbench.sampling import Sampler, open_sensors
+    from mtbench.sampling.resolution import learned_period_s
+
+    sensors, _ = open_sensors(["nvml"], {"nvml": {}})
+    sampler = Sampler(sensors, 5.0)
+    a = torch.randn(4096, 4096, device="cuda")
+    sampler.start()
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        busy_until = time.monotonic() + 0.5
+        while time.monotonic() < busy_until:
+            a = (a @ a).clamp_(-1, 1)
+            torch.cuda.synchronize()
+        time.sleep(0.5)
+    samples = sampler.stop()
+    for f in samples.fields:
+        values = np.asarray(samples.columns[f.name], dtype=float)
+        if f.group not in ("power", "power_avg", "energy", "gpu_util") or np.all(np.isnan(values)):
+            continue
+        learned = learned_period_s(samples.time_s, values, 0.005)
+        declared = f"{f.resolution_s * 1000:g} ms ({f.resolution_how})" if f.resolution_s else "none"
+        check.add(f"probe {f.name}", "INFO", f"changes every {_num(learned and learned * 1000, '.0f')} ms "
+                                             f"(10th percentile of {int(np.sum(np.diff(values) != 0))} changes); "
+                                             f"declared {declared}")
 
 
 def nvml_reason() -> Optional[str]:
@@ -136,28 +223,40 @@ def part_predict(check: Check, cuda: bool, summaries: List[Dict[str, Any]]) -> N
         except Exception as exc:
             check.add(f"predict {s['model']} b{s['batch_size']}", "FAIL", f"{type(exc).__name__}: {exc}")
             continue
-        error = (p.tensors_bytes - s["mem_peak_bytes"]) / s["mem_peak_bytes"]
-        check.add(f"predict {s['model']} b{s['batch_size']}", "PASS" if abs(error) < 0.10 else "FAIL",
-                  f"predicted {_mib(p.tensors_bytes)} vs max_memory_allocated {_mib(s['mem_peak_bytes'])} "
-                  f"({error:+.1%}; goal within 10 %)")
+        name = f"predict {s['model']} b{s['batch_size']}"
+        check.add(name, *predict_check(p.tensors_bytes + p.non_tensor_bytes, s["mem_peak_bytes"], "allocated"))
+        if p.allocator_reserved_bytes is not None and s.get("mem_peak_reserved_bytes"):
+            check.add(name, *predict_check(p.peak_bytes, s["mem_peak_reserved_bytes"], "reserved"))
+
+
+def predict_check(predicted: int, measured: int, which: str, goal: float = 0.10) -> Tuple[str, str]:
+    """(status, text) of a predicted peak against the measured one of the same kind: the allocated peak (tensors
+    and cuBLAS's workspaces, both through the caching allocator) against max_memory_allocated, or the reserved
+    peak (segments + workspaces) against max_memory_reserved."""
+    error = (predicted - measured) / measured
+    return ("PASS" if abs(error) < goal else "FAIL",
+            f"predicted {which} {_mib(predicted)} vs max_memory_{which} {_mib(measured)} ({error:+.1%}; goal within "
+            f"{goal:.0%})")
 
 
 def part_tx2(check: Check, cuda: bool, out: Path) -> None:
     if not cuda:
-        check.add("tx2", "SKIP", "target=tx2 capped job: no CUDA GPU (on CPU the cap is a peak check)")
+        check.add("tx2", "SKIP", "target=tx2 capped jobs: no CUDA GPU (on CPU the cap is a peak check)")
         return
-    cmd = [sys.executable, "-m", "mtbench", *TX2_JOB, "device=cuda", "warmup=1", "steps=1",
-           f"hydra.run.dir={out}", f"lock_dir={out}"]
-    proc = run(cmd, min(180.0, check.left_s() - 60))
-    try:
-        s = json.loads((out / "summary.json").read_text())
-    except (OSError, ValueError) as exc:
-        check.add("tx2", "FAIL", f"no summary ({exc}); {proc.stderr[-300:]}")
-        return
-    kind = (s.get("failure") or {}).get("kind")
-    check.add("tx2", "PASS" if kind == "oom" else "FAIL",
-              f"{' '.join(TX2_JOB)}: {kind or 'fits'} under {_mib(s.get('budget_bytes'))} "
-              f"({s.get('budget_enforced_by')}); the board cannot train it either")
+    for batch, expect in ((64, "oom"), (2, None)):  # the one the board cannot train, and a control that fits
+        folder = out / f"b{batch}"
+        cmd = [sys.executable, "-m", "mtbench", *TX2_JOB, f"batch={batch}", "device=cuda", "warmup=1", "steps=1",
+               f"hydra.run.dir={folder}", f"lock_dir={out}"]
+        proc = run(cmd, min(180.0, check.left_s() - 60))
+        try:
+            s = json.loads((folder / "summary.json").read_text())
+        except (OSError, ValueError) as exc:
+            check.add(f"tx2 b{batch}", "FAIL", f"no summary ({exc}); {proc.stderr[-300:]}")
+            continue
+        kind = (s.get("failure") or {}).get("kind")
+        check.add(f"tx2 b{batch}", "PASS" if kind == expect else "FAIL",
+                  f"{' '.join(TX2_JOB)} batch={batch}: {kind or 'fits'} under {_mib(s.get('budget_bytes'))} "
+                  f"({s.get('budget_enforced_by')}); must {'be oom' if expect else 'fit'}")
 
 
 def part_energy(check: Check, cuda: bool, nvml_why: Optional[str], summaries: List[Dict[str, Any]]) -> None:
@@ -165,23 +264,41 @@ def part_energy(check: Check, cuda: bool, nvml_why: Optional[str], summaries: Li
         check.add("energy", "SKIP", f"NVML per-step energy vs the counter: {'no CUDA GPU' if not cuda else nvml_why}")
         return
     for s in summaries:
-        energy = s.get("energy_j")
-        if not s.get("success") or not energy or energy.get("total") is None:
-            continue
-        with open(Path(s["_dir"]) / "steps.csv") as f:
-            rows = [r for r in csv.DictReader(f) if r["warmup"] in ("False", "false", "0")]
-        per_step = [float(r["energy_j_total"]) for r in rows if r.get("energy_j_total")]
-        name = f"energy {s['model']} b{s['batch_size']}"
-        if len(per_step) < len(rows) or not rows:
-            reasons = {r.get("energy_j_null_reason") for r in rows if not r.get("energy_j_total")}
-            check.add(name, "INFO", f"{len(rows) - len(per_step)} of {len(rows)} steps without energy: "
-                                    f"{'; '.join(sorted(x for x in reasons if x))[:200]}")
-            continue
-        ratio = sum(per_step) / energy["total"]
-        sources = sorted(set((energy.get("source_by_rail") or {}).values()))
-        check.add(name, "PASS" if abs(ratio - 1) < 0.05 else "FAIL",
-                  f"steps' sum {sum(per_step):.2f} J vs {energy['total']:.2f} J over the job ({', '.join(sources)}): "
-                  f"ratio {ratio:.3f} (goal within 5 %)")
+        if s.get("success"):
+            check.add(f"energy {s['model']} b{s['batch_size']}", *energy_check(Path(s["_dir"])))
+
+
+def energy_check(job_dir: Path, goal: float = 0.05) -> Tuple[str, str]:
+    """(status, text): the measured steps' mean power (steps.csv's energies over the steps' time) against the
+    energy counter's mean power (samples.csv's first *_energy_mj column) between its last change at or before the
+    first step and its first change at or after the last: a window the counter's own updates set, so a wrong
+    per-step figure cannot agree with it by construction. INFO where a step has no energy or the counter does not
+    change around the steps."""
+    with open(job_dir / "steps.csv") as f:
+        rows = [r for r in csv.DictReader(f) if r["warmup"] in ("False", "false", "0")]
+    if not rows or any(not r.get("energy_j_total") for r in rows):
+        reasons = sorted({r.get("energy_j_null_reason") or "" for r in rows if not r.get("energy_j_total")} - {""})
+        return "INFO", f"{sum(not r.get('energy_j_total') for r in rows)} of {len(rows)} steps without energy: " \
+                       f"{'; '.join(reasons)[:200]}"
+    with open(job_dir / "samples.csv") as f:
+        samples = list(csv.DictReader(f))
+    column = next((c for c in (samples[0] if samples else {}) if c.endswith("_energy_mj")), None)
+    if column is None:
+        return "INFO", "samples.csv has no energy counter column"
+    counter = [(float(r["time_s"]), float(r[column])) for r in samples if r.get(column)]
+    changes = [counter[0]] + [b for a, b in zip(counter, counter[1:]) if b[1] != a[1]]
+    first, last = min(float(r["start_s"]) for r in rows), max(float(r["end_s"]) for r in rows)
+    before = [c for c in changes if c[0] <= first]
+    after = [c for c in changes if c[0] >= last]
+    if not before or not after or after[0][0] <= before[-1][0]:
+        return "INFO", f"the counter ({column}) does not change around the measured steps"
+    counter_w = (after[0][1] - before[-1][1]) / 1000.0 / (after[0][0] - before[-1][0])
+    steps_w = sum(float(r["energy_j_total"]) for r in rows) / sum(float(r["end_s"]) - float(r["start_s"])
+                                                                   for r in rows)
+    ratio = steps_w / counter_w
+    return ("PASS" if abs(ratio - 1) < goal else "FAIL",
+            f"steps' mean power {steps_w:.1f} W vs the counter's {counter_w:.1f} W over "
+            f"{after[0][0] - before[-1][0]:.2f} s between its own changes: ratio {ratio:.3f} (goal within {goal:.0%})")
 
 
 def part_overhead(check: Check, cuda: bool) -> None:
@@ -210,6 +327,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, help="where the jobs' results go (default: a temporary folder)")
     parser.add_argument("--budget-s", type=float, default=480.0, help="the whole run's time, seconds")
+    parser.add_argument("--wheels", type=Path, default=REPO / "benchmarks" / "wheels",
+                        help="wheels of mtbench's dependencies to install where missing (default benchmarks/wheels)")
     args = parser.parse_args(argv)
     os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")  # asking for a GPU does not start CUDA here
     import torch
@@ -220,18 +339,25 @@ def main(argv: Optional[List[str]] = None) -> int:
     check = Check(args.budget_s)
     nvml_why = nvml_reason() if cuda else "no CUDA GPU"
     device = torch.cuda.get_device_name(0) if cuda else "none"
+    machine = {"gpu": device, "torch": torch.__version__, "python": sys.version.split()[0],
+               "nvml": nvml_why or "answers", "out": str(out)}
     check.add("machine", "INFO", f"GPU {device}; torch {torch.__version__}; NVML {nvml_why or 'answers'}; "
                                  f"results in {out}")
-    part_tests(check, cuda)
-    summaries = part_matrix(check, cuda, "nvml" if cuda and not nvml_why else "procfs", out / "matrix")
-    part_predict(check, cuda, summaries)
-    part_tx2(check, cuda, out / "tx2")
-    part_energy(check, cuda, nvml_why, summaries)
-    part_overhead(check, cuda)
+    deps = part_deps(check, args.wheels, out)
+    part_probe(check, cuda, nvml_why)
+    if deps:
+        part_tests(check, cuda)
+        summaries = part_matrix(check, cuda, "nvml" if cuda and not nvml_why else "procfs", out / "matrix")
+        part_predict(check, cuda, summaries)
+        part_tx2(check, cuda, out / "tx2")
+        part_energy(check, cuda, nvml_why, summaries)
+        part_overhead(check, cuda)
     skipped = [r[0] for r in check.rows if r[1] == "SKIP"]
     print(f"\nmtbench gpu_check: {time.monotonic() - started:.0f} s; "
-          + (f"skipped (CUDA parts): {', '.join(skipped)}" if skipped else "nothing skipped"))
+          + (f"skipped: {', '.join(skipped)}" if skipped else "nothing skipped"))
     print(check.table())
+    check.as_json(out / "gpu_check.json", machine)
+    print(f"every row: {out / 'gpu_check.json'}")
     return 1 if check.failed() else 0
 
 

@@ -1,0 +1,81 @@
+"""benchmarks/gpu_check.py, fit for the first lent GPU (issue 49 item 3): it starts without mtbench's own
+dependencies and says what it skipped, writes every row to one JSON file, and its energy and predictor checks can
+fail."""
+from __future__ import annotations
+
+import csv
+import importlib.util
+import json
+
+import pytest
+
+from tests.conftest import REPO
+
+
+@pytest.fixture
+def gpu_check():
+    spec = importlib.util.spec_from_file_location("gpu_check", REPO / "benchmarks" / "gpu_check.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _job(folder, step_joules, watts=200.0, update_s=0.1, boot_mj=987_654_321):
+    """steps.csv and samples.csv of a job at `watts` steady: 20 steps of 0.1 s from t=1.0, a 100 ms energy counter
+    sampled every 5 ms (as NVML's moves), each step's energy as given."""
+    folder.mkdir()
+    with open(folder / "steps.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["step", "start_s", "end_s", "warmup", "energy_j_total", "energy_j_null_reason"])
+        for i in range(20):
+            w.writerow([i, f"{1.0 + 0.1 * i:.6f}", f"{1.1 + 0.1 * i:.6f}", "False", step_joules, ""])
+    with open(folder / "samples.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["time_s", "gpu0_power_mw", "gpu0_energy_mj"])
+        for k in range(700):
+            t = 0.5 + 0.005 * k + 0.0003
+            last_update = int(t / update_s) * update_s
+            w.writerow([f"{t:.6f}", int(watts * 1000), boot_mj + int(watts * last_update * 1000)])
+
+
+def test_the_energy_check_passes_on_true_steps_and_fails_on_wrong_ones(gpu_check, tmp_path):
+    _job(tmp_path / "true", 20.0)  # 200 W x 0.1 s
+    status, text = gpu_check.energy_check(tmp_path / "true")
+    assert status == "PASS" and "ratio 1.000" in text, text
+    _job(tmp_path / "high", 23.0)  # 15 % too much each step: the counter, read over its own window, disagrees
+    status, text = gpu_check.energy_check(tmp_path / "high")
+    assert status == "FAIL" and "ratio 1.150" in text, text
+
+
+def test_the_energy_check_says_when_steps_have_no_energy(gpu_check, tmp_path):
+    _job(tmp_path / "null", "")
+    status, text = gpu_check.energy_check(tmp_path / "null")
+    assert status == "INFO" and "20 of 20 steps without energy" in text
+
+
+def test_the_predictor_check_compares_like_with_like_and_can_fail(gpu_check):
+    assert gpu_check.predict_check(105 * 2**20, 100 * 2**20, "allocated")[0] == "PASS"
+    status, text = gpu_check.predict_check(80 * 2**20, 100 * 2**20, "allocated")
+    assert status == "FAIL" and "vs max_memory_allocated 100 MiB (-20.0%" in text
+
+
+def test_missing_dependencies_are_named_with_the_pip_command(gpu_check, tmp_path, monkeypatch):
+    monkeypatch.setitem(gpu_check.NEEDED, "mtbench_no_such_module", "no-such-package")
+    check = gpu_check.Check(60)
+    assert gpu_check.part_deps(check, tmp_path / "no-wheels", tmp_path) is False
+    part, status, result = check.rows[-1]
+    assert (part, status) == ("deps", "SKIP") and "pip install no-such-package" in result
+
+
+def test_without_a_gpu_it_says_what_it_skipped_and_writes_every_row(gpu_check, tmp_path, monkeypatch, capsys):
+    """The whole command on this CPU-only machine, its slow parts (a CPU matrix, the overhead run) stubbed: every
+    CUDA part says SKIP, the JSON holds every row, exit 0."""
+    monkeypatch.setattr(gpu_check, "part_matrix", lambda check, cuda, sampler, out: [])
+    monkeypatch.setattr(gpu_check, "part_overhead", lambda check, cuda: check.add("overhead", "INFO", "stubbed"))
+    assert gpu_check.main(["--out", str(tmp_path), "--budget-s", "60"]) == 0
+    report = json.loads((tmp_path / "gpu_check.json").read_text())
+    parts = {r["part"]: r["status"] for r in report["rows"]}
+    assert parts["deps"] == "PASS"
+    assert {parts[p] for p in ("probe", "tests", "predict", "tx2", "energy")} == {"SKIP"}
+    assert set(report["skipped"]) == {"probe", "tests", "predict", "tx2", "energy"} and report["failed"] == []
+    assert "skipped: probe, tests, predict, tx2, energy" in capsys.readouterr().out
