@@ -293,9 +293,11 @@ def test_the_max_batch_search_interpolates_in_few_traces(monkeypatch, tmp_path, 
         if batch not in traced:
             traced.append(batch)
         peak = peak_of(batch)
-        return SimpleNamespace(peak_bytes=peak, fits=peak <= budget)
+        return SimpleNamespace(peak_bytes=peak, fits=peak <= budget, breakdown_bytes={"parameters": 100 * 2**20},
+                               non_tensor_bytes=0)
 
     monkeypatch.setattr(predictor, "predict", predict)
     found, _ = predictor.max_batch("any", 2)
     assert abs(found - best) <= max(1, best // 100) and peak_of(found) <= budget, (found, traced)
-    assert len(traced) <= (4 if best == 1020 else 15), traced  # bisection alone: 2, 4, the guess, then 12 more
+    # the anchor, the guess from its breakdown (100 MiB fixed, the rest per sample), then the line or Illinois
+    assert len(traced) <= (4 if best == 1020 else 15), traced

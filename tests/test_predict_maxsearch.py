@@ -156,3 +156,21 @@ def test_a_tracer_that_dies_or_cannot_trace_gives_no_prediction_and_says_why(tmp
     assert died == [None, "no prediction (its process ended with exit code 9); the full search runs instead"]
     assert failed == [None, "no prediction (RuntimeError: a kernel fake tensors cannot run); the full search runs "
                             "instead"]
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_a_first_guess_from_the_anchors_breakdown_answers_in_few_traces(shape):
+    """The predictor's guess (the anchor's peak split into a fixed part and a part per sample, anchored at a batch
+    far above the answer as `mtbench predict model=bert batch=64` is): the answer is as right as without it, in at
+    most four traces where the search from the anchor alone took up to eight."""
+    peak = SHAPES[shape]
+    truth = _truth(peak)
+    anchor = 4 * truth
+    guess = (peak(anchor), max(1, int(truth * 1.03)))  # a guess 3 % off, above the answer
+    rec = Recorder(peak)
+    found, why, rounds = largest_batch(rec, BUDGET, anchor, width=1, guess=guess)
+    assert peak(found) <= BUDGET and truth - found <= max(1, truth // 100), (found, truth, rec.rounds)
+    assert anchor not in sum(rec.rounds, []) and sum(len(r) for r in rec.rounds) <= 4, rec.rounds
+    without = Recorder(peak)
+    largest_batch(without, BUDGET, anchor, width=1)
+    assert sum(len(r) for r in without.rounds) > sum(len(r) for r in rec.rounds), (without.rounds, rec.rounds)

@@ -12,7 +12,7 @@ Peaks = Callable[[List[int]], List[Union[int, BaseException]]]
 
 
 def largest_batch(peaks: Peaks, budget: int, anchor: int, width: int = 1,
-                  limit: int = MAX_BATCH_LIMIT) -> Tuple[int, str, int]:
+                  limit: int = MAX_BATCH_LIMIT, guess: Optional[Tuple[int, int]] = None) -> Tuple[int, str, int]:
     """The largest batch whose predicted peak is within `budget`, to 1 %: (batch, why, rounds), a round being one
     call of `peaks`.
 
@@ -25,12 +25,20 @@ def largest_batch(peaks: Peaks, budget: int, anchor: int, width: int = 1,
     the Illinois rule (an end kept twice counts half its distance from the budget, so a curved peak does not make
     the line creep), or the middle where an end has no peak. Where the first batch traced fails, its exception is
     raised; a later batch that fails counts as one that does not fit.
+
+    `guess` = (the anchor's peak, already known, and a first guess at the answer: the predictor's, from the anchor's
+    breakdown into a fixed part and a part per sample): the first round traces the guess (and the batch 1 % above
+    it where it fits), so a model whose peak is affine in the batch is answered in about two traces. Where both
+    ends known do not fit, the next guess follows the line through the two smallest downwards to the budget.
     """
     known: Dict[int, Optional[int]] = {}  # batch -> predicted peak (None: it could not be traced)
     # side by side, the first round is 4 and 16 times the anchor: a small batch's peak bends below the line that
     # larger ones follow (resnet50: 19.3 MiB a sample from 2 to 4, 23.7 from 8 up), so a line from there misses
     first = [f * anchor for f in FIRST_FACTORS] if width > 1 else [anchor]
     rounds = 0
+    if guess is not None:
+        known[anchor] = int(guess[0])
+        first = [max(1, min(limit, int(guess[1])))]
 
     def ask(batches: List[int]) -> None:
         nonlocal rounds
@@ -40,7 +48,7 @@ def largest_batch(peaks: Peaks, budget: int, anchor: int, width: int = 1,
         rounds += 1
         for b, p in zip(todo, peaks(todo)):
             if isinstance(p, BaseException):
-                if b == first[0]:
+                if b == first[0] and guess is None:
                     raise p
                 known[b] = None  # a batch the workload itself refuses (batch norm needs 2 samples): not a fit
             else:
@@ -51,6 +59,8 @@ def largest_batch(peaks: Peaks, budget: int, anchor: int, width: int = 1,
         return p is not None and p <= budget
 
     ask(first)
+    if guess is not None and width == 1 and fits(first[0]):
+        ask([first[0] + max(1, first[0] // 100)])  # the batch above a right guess ends the search
     lo, hi = _bracket(known, budget, 0, None)  # lo fits (or is 0); hi does not (None: none found yet)
     over: Dict[int, float] = {}  # an end's distance from the budget, where Illinois halved it
     moved: Optional[bool] = None  # the end the last round moved: True lo, False hi
@@ -113,6 +123,12 @@ def _next_guess(known: Dict[int, Optional[int]], budget: int, lo: int, hi: Optio
                       for b in (lo, hi))
         if f_lo is not None and f_hi is not None and f_hi > f_lo:
             x = min(hi - 1, max(lo + 1, lo + int(-f_lo * (hi - lo) / (f_hi - f_lo))))
+        elif f_hi is not None:  # no fitting end with a peak: down the line through the two smallest that do not
+            above = sorted(b for b, p in known.items() if b > hi and p is not None)
+            if above:
+                slope = (known[above[0]] - known[hi]) / (above[0] - hi)  # type: ignore[operator]
+                if slope > 0:
+                    x = min(hi - 1, max(lo + 1, hi - int(-(-f_hi // slope))))
     above = x + max(1, x // 100)
     if above > limit or (hi is not None and above >= hi):
         return x, None

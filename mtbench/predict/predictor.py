@@ -311,8 +311,25 @@ class Predictor:
         budget = self.target.memory_budget_bytes
         if budget is None:
             return None, "target none has no memory budget"
-        best, why, _ = largest_batch(lambda batches: [self.peak_or_error(model, b) for b in batches], budget, anchor)
+        best, why, _ = largest_batch(lambda batches: [self.peak_or_error(model, b) for b in batches], budget, anchor,
+                                     guess=self._first_guess(model, anchor, budget))
         return best, why
+
+    def _first_guess(self, model: str, anchor: int, budget: int) -> Optional[Tuple[int, int]]:
+        """(the anchor's peak, the batch where it meets the budget if the anchor's peak is a fixed part, the
+        parameters, gradients, optimizer state and runtime, plus a part per sample); None where the anchor has no
+        prediction (its trace failed: the search raises that)."""
+        try:
+            p = self.predict(model, anchor)
+        except Exception:  # noqa: BLE001 - the search traces it again and raises what stopped it
+            return None
+        parts = getattr(p, "breakdown_bytes", None) or {}
+        fixed = sum(parts.get(k, 0) for k in ("parameters", "gradients", "optimizer_state")) + \
+            getattr(p, "non_tensor_bytes", 0)
+        per_sample = (p.peak_bytes - fixed) / anchor
+        if per_sample <= 0:
+            return None
+        return int(p.peak_bytes), max(1, int((budget - fixed) / per_sample))
 
     def peak_or_error(self, model: str, batch: int) -> Union[int, Exception]:
         """The predicted peak, or the exception that stopped the trace (a UsageError is raised)."""
