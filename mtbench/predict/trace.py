@@ -275,10 +275,8 @@ def trace_step(make_workload: Callable[[], Workload], ctx: SetupContext, fake: b
     if ctx.device.type == "cpu" and not cuda_optimizers:
         counter.fresh_mapping_bytes = fresh_mapping_bytes
     foreach = torch_internals.foreach_optimizers() if cuda_optimizers else contextlib.nullcontext()
-    with fake_mode or contextlib.nullcontext(), torch_internals.swappable(fake_mode, counter), foreach, \
-            warnings.catch_warnings():
-        # torch's own deepcopy of a module asks each fake tensor's data pointer (0 for a fake one) and warns that it
-        # is deprecated: the library's inner workings, not the user's to act on
+    quiet = warnings.catch_warnings()  # torch's deepcopy of a fake module warns of data pointers: not the user's
+    with fake_mode or contextlib.nullcontext(), torch_internals.swappable(fake_mode, counter), foreach, quiet:
         warnings.filterwarnings("ignore", message="Accessing the data pointer of FakeTensor")
         with counter:
             workload = make_workload()  # its parameters are fake from the start
