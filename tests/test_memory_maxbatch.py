@@ -199,3 +199,15 @@ def test_search_guided_whose_small_probe_does_not_fit_runs_the_full_search_below
     doc = json.loads((tmp_path / "maxbatch.json").read_text())["models"][0]
     assert code == 0 and doc["max_batch"] == 5 and seen[:3] == [8, 2, 4] and seen.count(8) == 1, seen
     assert "the probe at batch 8 did not fit (budget): the full search runs" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("where", ["an existing file", "under a file", "/proc"])
+def test_an_output_folder_it_cannot_write_is_refused_before_the_first_probe(tmp_path, capsys, where):
+    """Issue 51 item 5: every probe ran (90 s) and then write() raised: a traceback, exit 1, the answer lost."""
+    afile = tmp_path / "taken"
+    afile.write_text("x")
+    out = {"an existing file": afile, "under a file": afile / "sub", "/proc": "/proc/mtbench-maxbatch"}[where]
+    code = maxbatch.main(["model=alexnet", "target=nano", "--out", str(out)], prober=lambda *a: pytest.fail("probed"))
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert err.startswith(f"mtbench: error: --out '{out}' is not a folder this user can write")

@@ -420,3 +420,16 @@ def test_data_wait_per_step_is_what_the_workers_cannot_hide_and_falls_with_more_
         assert means[workers] == pytest.approx(wait_s, abs=tolerance), (workers, means)
     four = statistics.mean(_job_waits(run, tmp_path, 4, "w4"))
     assert four < 0.006 and means[0] > means[1] > means[2] > four, (four, means)
+
+
+def test_drop_caches_says_it_drops_the_whole_machines_page_cache(tmp_path, capsys):
+    """Issue 51 item 9: it synced every file system and dropped every process's cached files without a word."""
+    from mtbench.data.storage import make_cold
+
+    knob = tmp_path / "sys/vm/drop_caches"
+    knob.parent.mkdir(parents=True)
+    knob.write_text("0")
+    done = make_cold([], "drop_caches", proc_root=str(tmp_path))
+    assert done["how"] == "drop_caches" and knob.read_text() == "1"
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "dropping the whole machine's page cache" in err[0] and "data.cache=cold" in err[0]

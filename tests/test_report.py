@@ -122,3 +122,30 @@ def test_profile_figure_shows_kernel_energy_beside_host_rows(tmp_path, monkeypat
                         "unavailable": {"energy_j": "no sensor in use gives it"}}, tmp_path, tmp_path,
                        not_measured=said)
     assert said == [("energy per operation (job)", "no sensor in use gives it")]
+
+
+@pytest.mark.parametrize("plant", ["fifo", "total_s=abc", "no total_s"])
+def test_a_planted_or_malformed_ops_csv_is_left_out_with_the_reason(tmp_path, plant):
+    """Issue 51 items 3 and 10: a FIFO at ops.csv used to hang `mtbench report` for ever (only exists() was asked);
+    a total_s that is not a number, or no such column, ended it in a traceback. Now the figure is left out and the
+    report says why."""
+    import os
+
+    from mtbench.report import figures as report
+
+    job = tmp_path / "job"
+    job.mkdir()
+    rows = [list(r) for r in OPS]
+    if plant == "fifo":
+        os.mkfifo(job / "ops.csv")
+    else:
+        if plant == "total_s=abc":
+            rows[1][3] = "abc"
+        else:
+            rows = [r[:3] + r[4:] for r in rows]
+        (job / "ops.csv").write_text("\n".join(",".join(str(v) for v in row) for row in rows) + "\n")
+    said = []
+    assert report.fig_profile({"_dir": "job", "model": "resnet50", "batch_size": 8, "profiled": True}, tmp_path,
+                              tmp_path, not_measured=said) is None
+    assert len(said) == 1 and said[0][0] == "operations (job)", said
+    assert ("not a regular file" in said[0][1]) if plant == "fifo" else ("is not an ops.csv mtbench wrote" in said[0][1])

@@ -122,3 +122,19 @@ def free_dir(path: str) -> str:
         except FileExistsError:
             continue
     raise UsageError(f"{path}: 10,000 folders of that name exist; allowed: a folder of your own (hydra.run.dir=...)")
+
+
+def writable_folder(path: Path, what: str) -> Path:
+    """`path` made (with its parents) and shown writable now, before any work: a UsageError naming `what` (the
+    option) where it is a file, under a file, or a folder this user cannot write (/proc, a read-only mount)."""
+    import tempfile
+
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".mtbench-write-check-", dir=str(path))
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise UsageError(f"{what} {str(path)!r} is not a folder this user can write ({exc.strerror or exc}); "
+                         "allowed: a new or existing folder this user can write") from None
+    return path

@@ -306,9 +306,10 @@ def run(args: argparse.Namespace, prober: Optional[Callable[[List[str], int, Pat
         raise UsageError("maxbatch needs a target with a budget; allowed: target=tx2, nano, xavier_nx, "
                          "agx_xavier, orin_nano, orin_nx, agx_orin (or a GPU's own memory: target=none is "
                          "not searched)")
-    from mtbench.campaign.folders import dated_dir
+    from mtbench.campaign.folders import dated_dir, writable_folder
 
-    out = Path(args.out or dated_dir("maxbatch"))  # the scheme of docs/results.md
+    # the scheme of docs/results.md; refused before the first probe where it cannot take the results
+    out = writable_folder(Path(args.out or dated_dir("maxbatch")), "--out")
     prober = prober or default_prober()
     results = []
     for model in models:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 import mmap
 import os
+import sys
 from typing import Any, Dict, List, Optional, Sequence
 
 from mtbench.errors import UsageError
@@ -46,6 +47,10 @@ def make_cold(files: Sequence[str], how: str, proc_root: str = "/proc") -> Dict[
     """Drop `files` from the page cache (`how`: cold or drop_caches); what was done, the pages still resident, and
     `not_cold_reason` (null where every page left memory)."""
     if how == "drop_caches":
+        # the whole machine's, not the job's: say so before doing it
+        print("mtbench: data.cache=drop_caches: syncing every file system and dropping the whole machine's page "
+              "cache (every process's cached files, not only this job's; data.cache=cold drops the job's files "
+              "alone)", file=sys.stderr, flush=True)
         try:
             os.sync()  # dirty pages are not dropped: write them first
             with open(os.path.join(proc_root, "sys/vm/drop_caches"), "w") as f:

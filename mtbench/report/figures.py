@@ -3,6 +3,7 @@ nothing measured is left out and listed as "not measured: why" (report/panels.py
 from __future__ import annotations
 
 import csv
+import io
 from collections import defaultdict
 from pathlib import Path
 from typing import Any, Dict, List, Optional
@@ -12,6 +13,7 @@ import matplotlib
 matplotlib.use("Agg")  # files only: no display needed
 import matplotlib.pyplot as plt  # noqa: E402
 
+from mtbench.regular_files import read_regular  # noqa: E402
 from mtbench.results.console import core_ranges, cpu_by_core_type  # noqa: E402
 from mtbench.report.jobs import boards, job_label, value_at  # noqa: E402
 from mtbench.report.panels import (NotMeasured, Panel, batch_axis, lines_figure, metric, reasons, save,  # noqa: E402
@@ -212,14 +214,29 @@ def fig_memory_breakdown(groups, out: Path, not_measured: NotMeasured) -> Option
     return _save(fig, out / "memory_breakdown.png")
 
 
+MAX_OPS_BYTES = 64 * 2**20  # an ops.csv holds a row per operation name: kilobytes to a few MiB
+
+
 def fig_profile(job: Dict[str, Any], root: Path, out: Path, top: int = 12,
                 not_measured: Optional[NotMeasured] = None) -> Optional[str]:
     ops_path = Path(job.get("_root") or root) / job.get("_rel", job["_dir"]) / "ops.csv"
-    if not ops_path.exists():
+    left_out = not_measured if not_measured is not None else []
+    try:  # a regular file only: a FIFO planted there must not hang the report
+        text = read_regular(str(ops_path), MAX_OPS_BYTES).decode("utf-8", "replace")
+    except FileNotFoundError:
         return None
-    with open(ops_path) as f:
-        rows = [r for r in csv.DictReader(f) if r.get("device")]
-    rows = sorted(rows, key=lambda r: -float(r["total_s"] or 0))[:top][::-1]
+    except OSError as exc:
+        left_out.append((f"operations ({job['_dir']})", f"ops.csv not read: {exc}"))
+        return None
+    try:
+        rows = [r for r in csv.DictReader(io.StringIO(text)) if r.get("device")]
+        rows = sorted(rows, key=lambda r: -float(r["total_s"] or 0))[:top][::-1]
+        for r in rows:
+            float(r["total_s"]), float(r["energy_j"] or 0)  # noqa: B018 - every figure drawn below is a number
+    except (KeyError, ValueError, TypeError) as exc:
+        left_out.append((f"operations ({job['_dir']})", f"{ops_path} is not an ops.csv mtbench wrote "
+                                                        f"({type(exc).__name__}: {exc})"))
+        return None
     energy = any(r["energy_j"] for r in rows)
     fig, axes = plt.subplots(1, 2 if energy else 1, figsize=(12 if energy else 6.5, 0.35 * len(rows) + 2),
                              squeeze=False)
