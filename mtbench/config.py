@@ -24,7 +24,7 @@ OBJECTIVES.update({"time_to_target_s": "minimize", "energy_to_target_j": "minimi
 OBJECTIVES["energy_time_cost_j"] = "minimize"
 # top-level keys that change how a job is run, not what it measures: a resumed sweep may differ in them, and a
 # report draws jobs that differ only in them as one series
-NOT_MEASURED_KEYS = ("resume", "device_lock", "lock_dir", "allow_parallel", "objective", "logger", "objective_eta",
+NOT_MEASURED_KEYS = ("resume", "device_lock", "lock_dir", "lock_timeout_s", "allow_parallel", "objective", "logger", "objective_eta",
                      "objective_max_power_w")
 
 # Config groups whose option a user picks on the command line (`model=vgg19`); each is a folder in conf/.
@@ -335,6 +335,7 @@ SCHEMA: Dict[str, Any] = {
     "objective_eta": _eta,
     "objective_max_power_w": _null_or(_watts, "a number of W > 0 (the device's highest power draw)"),
     "device_lock": _one_of(*LOCK_MODES),
+    "lock_timeout_s": _null_or(_watts, "a number of seconds > 0 (how long a job waits for another job's device)"),
     "sampler.mode": _one_of(*SAMPLER_MODES),
     "sampler.interval_ms": lambda key, value: interval_ms(key, value),
     "memory.plan": _one_of(*PLANS),

@@ -178,3 +178,50 @@ def test_the_power_restore_file_is_not_kept_in_a_linked_lock_dir(tmp_path):
     as_nobody(lambda: os.symlink(tmp_path, link))
     with pytest.raises(UsageError, match="is a symbolic link, refused"):
         power_record.path_in(link)
+
+
+def _held(folder, text: bytes):
+    """The cpu lock in `folder` held by this process through another descriptor, its file holding `text`."""
+    import fcntl
+
+    fd = os.open(os.path.join(str(folder), "mtbench-cpu.lock"), os.O_RDWR | os.O_CREAT, 0o666)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    os.write(fd, text)
+    return fd
+
+
+@pytest.mark.parametrize("text, named", [(b"\x1b[2J\x1b[31mOWNED\x07", "pid unknown"), (b"999999999", "pid unknown"),
+                                         (b"0", "pid unknown")])
+def test_a_waiting_job_never_prints_what_another_user_wrote_in_the_lock(tmp_path, capsys, text, named):
+    """Issue 51 item 14: the 32 bytes of the lock file were printed as they were (terminal escapes included); now
+    only the pid of a live process is named."""
+    fd = _held(tmp_path, text)
+    try:
+        lock = DeviceLock(torch.device("cpu"), "wait", str(tmp_path), timeout_s=0.3)
+        with pytest.raises(UsageError) as caught:
+            lock.acquire()
+    finally:
+        os.close(fd)
+    err = capsys.readouterr().err
+    assert "\x1b" not in err + str(caught.value) and "OWNED" not in err + str(caught.value)
+    assert f"another mtbench job ({named}) is measuring it, at most 0.3 s (lock_timeout_s)" in err
+    assert str(caught.value).startswith(f"cpu is still being measured by another mtbench job ({named}) after 0.3 s "
+                                        "(lock_timeout_s)") and "\n" not in str(caught.value)
+
+
+def test_a_live_holder_is_named_and_the_time_waited_is_said(tmp_path, capsys):
+    import threading
+
+    fd = _held(tmp_path, str(os.getpid()).encode())
+    threading.Timer(0.5, os.close, args=(fd,)).start()  # the holder ends half a second later
+    lock = DeviceLock(torch.device("cpu"), "wait", str(tmp_path), timeout_s=30)
+    lock.acquire()
+    lock.release()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[0].startswith(f"mtbench: waiting for cpu: another mtbench job (pid {os.getpid()}) is measuring it")
+    assert err[1].startswith("mtbench: cpu is free after ") and err[1].endswith(" s of waiting")
+
+
+def test_lock_timeout_s_is_checked_as_any_setting():
+    with pytest.raises(UsageError, match=r"lock_timeout_s=-1 is not allowed; allowed: null or a number of seconds"):
+        DeviceLock(torch.device("cpu"), "wait", "/tmp", timeout_s=-1)

@@ -34,7 +34,7 @@ def _said_waiting(proc: subprocess.Popen) -> str:
     said = ""
     for line in proc.stderr:
         said += line
-        if "waiting for cpu: another mtbench job (pid 4242)" in line:
+        if f"waiting for cpu: another mtbench job (pid {os.getpid()})" in line:
             break
     return said
 
@@ -44,7 +44,7 @@ def test_two_runs_on_one_cpu_do_not_overlap_their_steps(tmp_path):
     # the test holds the lock until both jobs wait for it: the two then meet at the lock however slowly each started
     with open(tmp_path / "mtbench-cpu.lock", "w") as held:
         fcntl.flock(held, fcntl.LOCK_EX)
-        held.write("4242")
+        held.write(str(os.getpid()))  # a live process: the holder a waiting job names
         held.flush()
         runs = [_cli(*JOB, f"lock_dir={tmp_path}", f"hydra.run.dir={tmp_path / name}") for name in ("a", "b")]
         said = [_said_waiting(p) for p in runs]
@@ -59,12 +59,12 @@ def test_two_runs_on_one_cpu_do_not_overlap_their_steps(tmp_path):
 def test_device_lock_fail_is_one_line(tmp_path):
     with open(tmp_path / "mtbench-cpu.lock", "w") as held:
         fcntl.flock(held, fcntl.LOCK_EX)
-        held.write("4242")
+        held.write(str(os.getpid()))  # a live process: the holder a waiting job names
         held.flush()
         proc = mtbench_cli(*JOB, "device_lock=fail", f"lock_dir={tmp_path}", f"hydra.run.dir={tmp_path / 'run'}")
     assert proc.returncode == 2
-    assert proc.stderr.strip() == ("mtbench: error: cpu is being measured by another mtbench job (pid 4242); "
-                                   "device_lock=wait waits for it, device_lock=off measures anyway")
+    assert proc.stderr.strip() == (f"mtbench: error: cpu is being measured by another mtbench job (pid "
+                                   f"{os.getpid()}); device_lock=wait waits for it, device_lock=off measures anyway")
     assert not (tmp_path / "run" / "summary.json").exists()
 
 

@@ -6,6 +6,7 @@ import fcntl
 import os
 import stat
 import sys
+import time
 from pathlib import Path
 from typing import Optional, Tuple
 
@@ -17,6 +18,9 @@ from mtbench.errors import UsageError
 from mtbench.regular_files import RefusedFile, open_folder
 
 
+POLL_S = 0.2  # how often a job with lock_timeout_s asks for the lock again
+
+
 class DeviceLock:
     """One measurement per device at a time, across processes: an flock on `<lock_dir>/mtbench-<device>.lock`
     (the kernel releases it when the holder exits, however it ends). The file holds the holder's pid.
@@ -26,13 +30,14 @@ class DeviceLock:
     only when it is the caller's own. Another user's lock file is locked read-only (flock needs no write).
     """
 
-    def __init__(self, device: torch.device, mode: str, lock_dir: str) -> None:
+    def __init__(self, device: torch.device, mode: str, lock_dir: str, timeout_s: Optional[float] = None) -> None:
         mode = check_value("device_lock", mode)
         if mode != "off" and not os.path.isabs(lock_dir):
             # an empty MTBENCH_LOCK_DIR= meant the current folder: jobs started in two folders never met
             raise UsageError(f"lock_dir={lock_dir!r} (or MTBENCH_LOCK_DIR) is not an absolute folder; allowed: an "
                              "absolute path every mtbench user can write (default /tmp), or device_lock=off")
         self.mode = mode
+        self.timeout_s: Optional[float] = check_value("lock_timeout_s", timeout_s)
         self.name = str(device)
         key = lock_key(device)
         self.path = Path(lock_dir) / f"mtbench-{key}.lock"
@@ -46,17 +51,55 @@ class DeviceLock:
         try:
             fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = os.pread(self.fd, 32, 0).decode(errors="replace").strip() or "?"
+            holder = self._holder()
             if self.mode == "fail":
                 self.release()
-                raise UsageError(f"{self.name} is being measured by another mtbench job (pid {holder}); "
+                raise UsageError(f"{self.name} is being measured by another mtbench job ({holder}); "
                                  "device_lock=wait waits for it, device_lock=off measures anyway") from None
-            print(f"mtbench: waiting for {self.name}: another mtbench job (pid {holder}) is measuring it",
+            limit = f", at most {self.timeout_s:g} s (lock_timeout_s)" if self.timeout_s is not None else ""
+            print(f"mtbench: waiting for {self.name}: another mtbench job ({holder}) is measuring it{limit}",
                   file=sys.stderr, flush=True)
-            fcntl.flock(self.fd, fcntl.LOCK_EX)
+            waited = self._wait()
+            print(f"mtbench: {self.name} is free after {waited:.1f} s of waiting", file=sys.stderr, flush=True)
         if self.writable:
             os.ftruncate(self.fd, 0)
             os.pwrite(self.fd, str(os.getpid()).encode(), 0)
+
+    def _holder(self) -> str:
+        """"pid N" where the lock file names a process that is alive, else "pid unknown": the file may be another
+        user's, and its text (terminal escapes, say) is never printed."""
+        assert self.fd is not None
+        raw = os.pread(self.fd, 32, 0).strip()
+        if raw.isdigit() and 0 < int(raw) < 2**22:  # the kernel's largest pid
+            try:
+                os.kill(int(raw), 0)
+            except PermissionError:  # another user's process: alive
+                return f"pid {int(raw)}"
+            except OSError:
+                return "pid unknown"
+            return f"pid {int(raw)}"
+        return "pid unknown"
+
+    def _wait(self) -> float:
+        """Block until the lock is this job's (seconds waited); past lock_timeout_s, a UsageError."""
+        assert self.fd is not None
+        began = time.monotonic()
+        if self.timeout_s is None:
+            fcntl.flock(self.fd, fcntl.LOCK_EX)
+            return time.monotonic() - began
+        while True:
+            try:
+                fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return time.monotonic() - began
+            except BlockingIOError:
+                pass
+            if time.monotonic() - began >= self.timeout_s:
+                holder = self._holder()
+                self.release()
+                raise UsageError(f"{self.name} is still being measured by another mtbench job ({holder}) after "
+                                 f"{self.timeout_s:g} s (lock_timeout_s); allowed: a longer lock_timeout_s, null "
+                                 "(wait as long as it takes), or device_lock=off (measure anyway)")
+            time.sleep(POLL_S)
 
     def _open(self) -> Tuple[int, bool]:
         """(descriptor, whether this process may write its pid there); a UsageError where the file is refused."""

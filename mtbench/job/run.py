@@ -274,7 +274,7 @@ def run_job(cfg: DictConfig, out_dir: Path, notify: Optional[Callable[[str, Any]
     # CPU's lock (it reports CPU figures too, and a Jetson's GPU shares the CPU's DRAM and power rails); always
     # taken in the order cpu, then the GPU, so that two jobs never wait for each other
     devices = [torch.device("cpu")] + ([job.device] if job.device.type != "cpu" else [])
-    locks = [DeviceLock(d, mode, lock_dir) for d in devices]
+    locks = [DeviceLock(d, mode, lock_dir, cfg.get("lock_timeout_s")) for d in devices]
     try:
         for lock in locks:
             lock.acquire()
