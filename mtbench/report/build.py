@@ -15,7 +15,7 @@ from mtbench.report.pareto import fig_pareto
 from mtbench.report.datawait import fig_datawait
 from mtbench.report.jobs import assign_boards, find_summaries, fold_repeats, has_batch, root_labels
 from mtbench.report.series import by_series
-from mtbench.report.tables import csv_columns, readme
+from mtbench.report.tables import csv_columns, readme, sheet_cell
 from mtbench.results.files import atomic_write, csv_text
 
 
@@ -54,7 +54,7 @@ def _write_report(jobs: List[Dict[str, Any]], unreadable: List[Dict[str, str]], 
     flat = [csv_columns(j) for j in jobs] + [{"unreadable": u["reason"]} for u in unreadable]
     keys = list(dict.fromkeys(["job"] + [k for f in flat for k in f]))
     dirs = [j["_dir"] for j in jobs] + [u["_dir"] for u in unreadable]
-    rows = [[d] + [f.get(k) for k in keys[1:]] for d, f in zip(dirs, flat)]
+    rows = [[sheet_cell(d)] + [sheet_cell(f.get(k)) for k in keys[1:]] for d, f in zip(dirs, flat)]
     atomic_write(out / "summary.csv", csv_text(keys, rows))
     groups = by_series(jobs)  # one line per model, board and combination of the settings that vary
     others = [j for j in jobs if not has_batch(j)]  # mtbench-sample runs: no batch axis

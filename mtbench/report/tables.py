@@ -1,6 +1,9 @@
 """The tables of a report: README.md's job and board tables and summary.csv's columns."""
 from __future__ import annotations
 
+import html
+import re
+from urllib.parse import quote
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from mtbench.results.console import cpu_by_core_type, core_types_line
@@ -17,6 +20,30 @@ def plan_cell(job: Dict[str, Any]) -> str:
     return ("auto: " if plan.get("setting") == "auto" else "") + " -> ".join(str(x) for x in labels)
 
 
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")  # terminal escapes, newlines that would break a table's row
+SPREADSHEET_FORMULA = ("=", "+", "-", "@", "\t", "\r")  # a cell a spreadsheet would run as a formula
+
+
+def _visible(text: str) -> str:
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+
+
+def md(value: Any) -> str:
+    """A value as text in README.md: control bytes shown as \\xNN, HTML escaped (a folder named <img onerror=...>
+    stays text), a table's | escaped."""
+    return html.escape(_visible(str(value)), quote=False).replace("|", "\\|")
+
+
+def sheet_cell(value: Any) -> Any:
+    """A summary.csv cell a spreadsheet shows as text: control bytes as \\xNN, and a text that a spreadsheet would run
+    as a formula (=1+1, =HYPERLINK(...), +, -, @) prefixed with a quote, as OWASP's CSV-injection advice says.
+    Numbers stay numbers."""
+    if not isinstance(value, str):
+        return value
+    text = _visible(value)
+    return "'" + text if text.startswith(SPREADSHEET_FORMULA) else text
+
+
 def readme(jobs: List[Dict[str, Any]], figures: List[str], unreadable: Sequence[Dict[str, str]] = (),
            not_measured: Sequence[Tuple[str, str]] = ()) -> str:
     """README.md: a row per job (a summary.json that cannot be read: a row that says so and why), the boards,
@@ -31,44 +58,44 @@ def readme(jobs: List[Dict[str, Any]], figures: List[str], unreadable: Sequence[
     lines = ["# mtbench report", "", f"{len(jobs)} job(s). n/a: {NOT_MEASURED} (or the job failed).", "",
              "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for j in jobs:
-        result = "ok" if j.get("success") else f"**{(j.get('failure') or {}).get('kind') or 'failed'}**"
+        result = "ok" if j.get("success") else f"**{md((j.get('failure') or {}).get('kind') or 'failed')}**"
         if j.get("_unreadable"):
-            result += f" (**unreadable**: {', '.join(j['_unreadable'])})"
+            result += f" (**unreadable**: {md(', '.join(j['_unreadable']))})"
         mem = value_at(j, "mem_peak_bytes")
         by_type = cpu_by_core_type(j)
-        row = [f"| {j['_dir']}", str(j.get("model")), str(j.get("batch_size")), str(j.get("device")),
-               str(j.get("_board") or board_of(j)), str(j.get("data")), result,
+        row = [f"| {md(j['_dir'])}", md(j.get("model")), md(j.get("batch_size")), md(j.get("device")),
+               md(j.get("_board") or board_of(j)), md(j.get("data")), result,
                cell(value_at(j, "step_time_s", "median"), ".4f"), cell(value_at(j, "throughput_samples_per_s"), ".2f"),
                cell(value_at(j, "cpu_util_pct", "mean"), ".1f")]
-        row += [core_types_line(by_type) if by_type else "n/a"] if typed else []
+        row += [md(core_types_line(by_type)) if by_type else "n/a"] if typed else []
         row += [cell(value_at(j, "gpu_util_pct", "mean"), ".1f"), cell(value_at(j, "energy_j", "per_step_mean"), ".3f"),
-                cell(mem / 2**20 if mem else None, ".1f"), plan_cell(j)]
+                cell(mem / 2**20 if mem else None, ".1f"), md(plan_cell(j))]
         lines.append(" | ".join(row) + " |")
     for u in unreadable:
-        lines.append(" | ".join([f"| {u['_dir']}"] + [""] * 5 + ["**unreadable**"] + [""] * (len(columns) - 7)) + " |")
+        lines.append(" | ".join([f"| {md(u['_dir'])}"] + [""] * 5 + ["**unreadable**"] + [""] * (len(columns) - 7)) + " |")
     lines += ["", "## Boards", "", "| board | jobs | named from | L4T | power mode |", "|---|---|---|---|---|"]
     for board in boards(jobs):
         js = [j for j in jobs if (j.get("_board") or board_of(j)) == board]
         sources = ", ".join(dict.fromkeys(j.get("_board_from") or board_source(j) for j in js))
-        lines.append(f"| {board} | {len(js)} | {sources} | {jetson_cell(js, 'l4t')} | "
-                     f"{jetson_cell(js, 'power_mode')} |")
+        lines.append(f"| {md(board)} | {len(js)} | {md(sources)} | {md(jetson_cell(js, 'l4t'))} | "
+                     f"{md(jetson_cell(js, 'power_mode'))} |")
     unbatched = [j["_dir"] for j in jobs if not has_batch(j)]
     if unbatched:
         lines += ["", f"Without a batch size (`mtbench-sample` runs), in this table and the power figure only, not "
-                      f"on the batch-size axes: {', '.join(unbatched)}."]
+                      f"on the batch-size axes: {md(', '.join(unbatched))}."]
     failed = [j for j in jobs if not j.get("success")]
     if failed:
-        lines += ["", "## Failed jobs", ""] + [f"- {j['_dir']}: {(j.get('failure') or {}).get('kind')}: "
-                                                f"{(j.get('failure') or {}).get('message')}" for j in failed]
+        lines += ["", "## Failed jobs", ""] + [f"- {md(j['_dir'])}: {md((j.get('failure') or {}).get('kind'))}: "
+                                                f"{md((j.get('failure') or {}).get('message'))}" for j in failed]
     bad = [(u["_dir"], u["reason"]) for u in unreadable] + [(j["_dir"], unreadable_text(j)) for j in jobs
                                                              if j.get("_unreadable")]
     if bad:
         lines += ["", "## Unreadable summaries", "", "A summary.json that is not one is a row of its own; a field of "
-                  "the wrong type is n/a in the tables and figures.", ""] + [f"- {d}: {why}" for d, why in bad]
-    lines += ["", "## Figures", ""] + [f"![{f}]({f})" for f in figures]
+                  "the wrong type is n/a in the tables and figures.", ""] + [f"- {md(d)}: {md(why)}" for d, why in bad]
+    lines += ["", "## Figures", ""] + [f"![{md(f)}]({quote(f)})" for f in figures]
     if not_measured:
         lines += ["", "## Not measured", "", "Left out of the figures: nothing to draw.", ""] + [
-            f"- {what}: not measured: {why}" for what, why in not_measured]
+            f"- {md(what)}: not measured: {md(why)}" for what, why in not_measured]
     return "\n".join(lines) + "\n"
 
 
