@@ -109,3 +109,21 @@ class CrashOnClose(_Base):
         import signal
 
         os.kill(os.getpid(), signal.SIGSEGV)
+
+
+class TerminatedAt(_Base):
+    """SIGTERM reaches the job during its step number `at_step` (1 = the first, warm-up or measured, or the untimed
+    breakdown step after them), as signals.py turns it into signals.Terminated."""
+
+    def __init__(self, at_step: int = 1) -> None:
+        self.at_step = at_step
+        self.steps = 0
+
+    def step(self) -> None:
+        import signal
+
+        from mtbench.job.signals import Terminated
+
+        self.steps += 1
+        if self.steps == self.at_step:
+            raise Terminated(signal.SIGTERM)

@@ -178,3 +178,29 @@ def test_ctrl_c_is_recorded_then_raised(run, tmp_path):
     s = json.loads((tmp_path / "job" / "summary.json").read_text())
     assert s["failure"] == {"kind": "interrupted", "message": "interrupted by the user (Ctrl-C)"}
     assert s["measured_steps"] == 1 and s["success"] is False
+
+
+def test_sigterm_in_warm_up_records_the_warm_up_steps_that_ran(run, tmp_path):
+    """Issue 51 item 7: SIGTERM in the 3rd of 30 warm-up steps recorded warmup_steps: 30."""
+    from mtbench.job.signals import Terminated
+
+    with pytest.raises(Terminated):
+        run(FAKE + ["model.workload._target_=tests.fake_workloads.TerminatedAt", "+model.workload.at_step=3",
+                    "warmup=30", "steps=2"])
+    s = json.loads((tmp_path / "job" / "summary.json").read_text())
+    assert s["failure"]["kind"] == "terminated" and s["warmup_steps"] == 2 and s["measured_steps"] == 0
+
+
+def test_sigterm_in_the_breakdown_step_after_every_measured_step_keeps_the_result(run, tmp_path):
+    """Issue 51 item 7: a SIGTERM in the untimed breakdown step (after warm-up 1 and 3 measured steps) marked the job
+    failed, and a resumed sweep ran it again; its result stands, the breakdown null with the reason."""
+    from mtbench.job.signals import Terminated
+
+    with pytest.raises(Terminated):
+        run(FAKE + ["model.workload._target_=tests.fake_workloads.TerminatedAt", "+model.workload.at_step=5",
+                    "warmup=1", "steps=3"])
+    s = json.loads((tmp_path / "job" / "summary.json").read_text())
+    assert s["success"] is True and s["failure"] is None and s["measured_steps"] == 3 and s["warmup_steps"] == 1
+    assert s["mem_breakdown_bytes"] is None
+    assert s["unavailable"]["mem_breakdown_bytes"] == ("terminated during the untimed breakdown step, after the "
+                                                       "measured steps")

@@ -8,7 +8,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -39,7 +39,6 @@ log = logging.getLogger("mtbench")
 PRELOADED = "data.loader=preloaded: every batch is made before timing, no step waits for its data"
 
 
-
 class Job:
     """State of one job while it runs; `summary()` turns it into the contract's dict."""
 
@@ -62,8 +61,7 @@ class Job:
         self.measured_losses: List[Dict[str, float]] = []  # those of the measured steps, in order
         self.mem: Dict[str, Any] = {"mem_peak_bytes": None, "mem_peak_source": None}
         self.workload: Optional[Workload] = None
-        self.data_label = "unknown"
-        self.parameters: Optional[int] = None
+        self.data_label, self.parameters = "unknown", None  # type: Tuple[str, Optional[int]]
         self.sampler: Optional[Sampler | ProcessSampler] = None
         self.sampler_mode = setting(cfg, "sampler.mode", "process")
         self.sensor_status: List[dict] = []
@@ -71,8 +69,8 @@ class Job:
         self.last_summary: Dict[str, Any] = {}
         self.profile = setting(cfg, "profile", False)
         self.cudnn_benchmark = setting(cfg, "cudnn_benchmark", True)
-        self.profiler = None  # a profiling.Profiler once the profiled steps ran
-        self.reference: List[float] = []  # unprofiled step times, for the profiler's overhead
+        # a profiling.Profiler once the profiled steps ran; the unprofiled step times, for the profiler's overhead
+        self.profiler, self.reference = None, []  # type: ignore[var-annotated]
         self.unprofiled_mem = self.profiled_mem = None  # profile=true: the peaks without and under the profiler
         self.runtime_bytes: Optional[int] = None  # resident memory before the model was built (CPU)
         self.breakdown: Optional[Dict[str, Any]] = None
@@ -178,11 +176,11 @@ class Job:
         self.mem, self.profiled_mem = (peak.read(), None) if self.unprofiled_mem is None else (self.unprofiled_mem,
                                                                                                peak.read())
         self.progress.phase("breakdown")
+        self.failure = self.planner.budget_failure(self.mem)
         self.extra = self.workload.extra_metrics(len(self.durations))  # before the untimed step below adds one
         # where the peak went: one more step under torch's MemTracker after the measured steps (memory.breakdown)
         self.breakdown, self.breakdown_reason = breakdown_bytes(self.workload, self.device,
                                                                 enabled=setting(self.cfg, "memory.breakdown", True))
-        self.failure = self.planner.budget_failure(self.mem)
 
     def _timed_step(self, index: int, warmup: bool) -> float:
         assert self.workload is not None and self.sampler is not None
@@ -229,7 +227,8 @@ class Job:
             extra = None
         return build_summary(
             model=spec.model, batch_size=spec.batch_size, device=str(self.device), data=self.data_label,
-            failure=self.failure, warmup_steps=spec.warmup, durations_s=self.durations,
+            failure=self.failure, durations_s=self.durations,  # warm-up: the steps that ran (a signal may cut it)
+            warmup_steps=min(spec.warmup, sum(m.warmup for m in self.sampler.marks) if self.sampler else 0),
             # mem_system_peak_bytes: memory in use on the whole machine (MemTotal - MemAvailable); on a Jetson,
             # whose GPU shares the DRAM, the figure the paper reports (tegrastats "RAM")
             figures={**telemetry, "mem_peak_bytes": self.mem.get("mem_peak_bytes"),
@@ -297,7 +296,8 @@ def _run_locked(job: Job) -> Dict[str, Any]:
         user_error = True
         raise
     except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM / SIGHUP (signals.Terminated): the steps so far are kept
-        job.failure = signals.failure_of(exc)
+        job.failure, job.breakdown_reason = signals.stopped(exc, job.failure, job.breakdown_reason,
+                                                             job.extra is not None and job.breakdown is None)
         raise
     except BaseException as exc:  # noqa: B902 - every failure of the job is a result, not a crash
         kind = "oom" if is_oom(exc) else "error"

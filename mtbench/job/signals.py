@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import signal
 import threading
-from typing import Any, Dict, Iterator, List
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 # systemd, SLURM's preemption and container runtimes send SIGTERM (then SIGKILL after a grace time); a closed
 # terminal sends SIGHUP. Each is handled like Ctrl-C: the job stops, its results are written.
@@ -34,6 +34,16 @@ def failure_of(exc: BaseException) -> Dict[str, Any]:
                 "message": f"terminated by {name} (a scheduler's stop or preemption, `timeout`, `kill`, or a closed "
                            "terminal); the steps measured before it are kept"}
     return {"kind": "interrupted", "message": "interrupted by the user (Ctrl-C)"}
+
+
+def stopped(exc: BaseException, failure: Optional[Dict[str, Any]], breakdown_reason: Optional[str],
+            measured_all: bool) -> Tuple[Optional[Dict[str, Any]], Optional[str]]:
+    """(failure, breakdown reason) of a job `exc` stopped: its `failure_of`, unless every measured step had run and
+    only the untimed breakdown step after them was cut: then its result stands (a resumed sweep does not run it
+    again) and the breakdown says why it is null."""
+    if measured_all:
+        return failure, f"{failure_of(exc)['kind']} during the untimed breakdown step, after the measured steps"
+    return failure_of(exc), breakdown_reason
 
 
 def exit_code(exc: BaseException) -> int:
