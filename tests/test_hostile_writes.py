@@ -199,3 +199,37 @@ def test_mlflow_uploads_regular_files_only(tmp_path):
     found = sorted((str(p.relative_to(job)), folder) for p, folder in regular_files_under(job))
     assert found == [("sub/ops.csv", "sub"), ("summary.json", None)]
 
+
+
+@pytest.mark.parametrize("plant", ["a whole set", "an empty folder"])
+def test_a_synthetic_set_another_user_planted_in_a_shared_cache_is_refused(tmp_path, plant):
+    """Issue 51 item 8: `nobody` plants cifar10-synthetic-<n>-s0/cifar-10-batches-py/ with a `complete` marker and
+    no images (or an empty folder root would write into) in a shared data.cache_dir; root's job read it (data:
+    synthetic) or wrote into it. It is refused in one line, the planted files untouched."""
+    need_root()
+    from mtbench.data.ondisk import synthetic_cifar_root
+    from mtbench.errors import DataError
+
+    shared = shared_folder()
+
+    def plant_set():
+        folder = Path(shared) / "cifar10-synthetic-8-s0" / "cifar-10-batches-py"
+        folder.mkdir(parents=True)
+        if plant == "a whole set":
+            (folder / "complete").write_text("")
+        for d in (folder, folder.parent):
+            os.chmod(d, 0o777)
+
+    as_nobody(plant_set)
+    before = sorted(p.name for p in Path(shared).rglob("*"))
+    with pytest.raises(DataError) as caught:
+        synthetic_cifar_root(shared, per_file=8)
+    message = str(caught.value)
+    assert message.startswith(f"data.cache_dir={shared!r}: cannot use the synthetic CIFAR-10 files there")
+    assert "belongs to another user (uid 65534), refused" in message and "\n" not in message
+    assert sorted(p.name for p in Path(shared).rglob("*")) == before
+    # this user's own set in the same shared folder is made and read
+    own = Path(shared) / "mine"
+    root = synthetic_cifar_root(str(own), per_file=8)
+    assert (Path(root) / "cifar-10-batches-py" / "complete").is_file()
+    assert synthetic_cifar_root(str(own), per_file=8) == root

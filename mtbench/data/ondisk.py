@@ -12,8 +12,9 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import stat
 from pathlib import Path
-from typing import Callable, Dict
+from typing import Callable, Dict, List
 
 import numpy as np
 
@@ -38,11 +39,8 @@ def synthetic_cifar_root(cache_dir: str, per_file: int = SYNTHETIC_IMAGES_PER_FI
     """The folder (data.root's meaning) holding a synthetic set's cifar-10-batches-py/, written on first use."""
     root = Path(cache_dir or default_cache_dir()).expanduser() / f"cifar10-synthetic-{per_file}-s{seed}"
     folder = root / "cifar-10-batches-py"
-    if (folder / COMPLETE).is_file() and not (folder / COMPLETE).is_symlink():
-        return str(root)
-    try:
-        for d in (root.parent, root, folder):
-            _make_dir(d)
+
+    def write() -> None:
         rng = np.random.default_rng(seed)
         for name in TRAIN_FILES:
             _write_pickle(folder / name, {
@@ -53,28 +51,41 @@ def synthetic_cifar_root(cache_dir: str, per_file: int = SYNTHETIC_IMAGES_PER_FI
             })
         _write_pickle(folder / META_FILE, {b"label_names": [f"class{i}".encode() for i in range(10)],
                                            b"num_cases_per_batch": per_file, b"num_vis": 3072})
-        _write_bytes(folder / COMPLETE, b"")
-    except OSError as exc:
-        raise DataError(f"data.cache_dir={cache_dir!r}: cannot write the synthetic CIFAR-10 files there "
-                        f"({exc.strerror or exc}); allowed: a folder this user can write") from None
+
+    _set_once(cache_dir, "CIFAR-10", [root, folder], write)
     return str(root)
 
 
 def _synthetic_folder(cache_dir: str, name: str, files: Dict[str, Callable[[], bytes]]) -> str:
     """`cache_dir`/name holding `files` (each written from its function), written on first use: its path."""
     folder = Path(cache_dir or default_cache_dir()).expanduser() / name
-    if (folder / COMPLETE).is_file() and not (folder / COMPLETE).is_symlink():
-        return str(folder)
-    try:
-        for d in (folder.parent, folder):
-            _make_dir(d)
+
+    def write() -> None:
         for file_name, make in files.items():
             _write_bytes(folder / file_name, make())
-        _write_bytes(folder / COMPLETE, b"")
-    except OSError as exc:
-        raise DataError(f"data.cache_dir={cache_dir!r}: cannot write the synthetic {name} files there "
-                        f"({exc.strerror or exc}); allowed: a folder this user can write") from None
+
+    _set_once(cache_dir, name, [folder], write)
     return str(folder)
+
+
+def _set_once(cache_dir: str, what: str, folders: List[Path], write: Callable[[], None]) -> None:
+    """The set in `folders` (the last holds its files and the `complete` marker) as this user wrote it: read where
+    whole, else written (a half-written one again). Its folders must be this user's own and writable by no one
+    else: a set another user planted in a shared cache folder (a `complete` marker over no images) is refused,
+    never trained on; the cache folder itself may be shared (sticky, as /tmp)."""
+    marker = folders[-1] / COMPLETE
+    try:
+        _make_dir(folders[0].parent, shared=True)
+        for d in folders:
+            _make_dir(d)
+        if marker.is_file() and not marker.is_symlink() and marker.lstat().st_uid == os.geteuid():
+            return
+        write()
+        _write_bytes(marker, b"")
+    except OSError as exc:
+        raise DataError(f"data.cache_dir={cache_dir!r}: cannot use the synthetic {what} files there "
+                        f"({exc.strerror or exc}); allowed: a folder this user owns and can write (default "
+                        f"{default_cache_dir()})") from None
 
 
 def synthetic_text(cache_dir: str, alphabet: str, chars: int = SYNTHETIC_TEXT_CHARS, seed: int = 0) -> str:
@@ -128,13 +139,24 @@ def synthetic_squad(cache_dir: str, word_vocab: int, questions: int = SYNTHETIC_
     return os.path.join(folder, "train-v1.1.json")
 
 
-def _make_dir(path: Path) -> None:
-    """A folder that exists as a real folder (not a link another user planted), made 0700 where new."""
+def _make_dir(path: Path, shared: bool = False) -> None:
+    """A folder that exists as a real folder (not a link another user planted), made 0700 where new. An existing one
+    must be this user's and writable by no one else; `shared` (the cache folder itself): or root's, or sticky."""
     try:
         os.mkdir(path, 0o700)
+        return
     except FileExistsError:
-        if path.is_symlink() or not path.is_dir():
-            raise OSError(0, f"{path} is not a folder (a link or a file), refused") from None
+        pass
+    st = os.lstat(path)
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        raise OSError(0, f"{path} is not a folder (a link or a file), refused")
+    ours = st.st_uid == os.geteuid()
+    if shared and (ours or st.st_uid == 0 or st.st_mode & stat.S_ISVTX):
+        return
+    if not ours:
+        raise OSError(0, f"{path} belongs to another user (uid {st.st_uid}), refused")
+    if st.st_mode & 0o022:
+        raise OSError(0, f"{path} may be written by other users (mode {stat.S_IMODE(st.st_mode):o}), refused")
 
 
 def _write_pickle(path: Path, obj: dict) -> None:
