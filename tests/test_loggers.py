@@ -208,3 +208,65 @@ def test_an_unknown_logger_is_one_line_and_exit_2(capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert info.value.code == 2 and len(err) == 1
     assert err[0] == "mtbench: error: logger='neptune' is not known; allowed: csv, mlflow, none, tensorboard, wandb"
+
+
+SILENT_CHILD = """
+import json, sys, time
+from pathlib import Path
+from mtbench.results import logger_backends, loggers
+# the bounds as mtbench sets them, shortened so that the test takes seconds: one try of 1 s
+logger_backends.MLFLOW_HTTP.update(MLFLOW_HTTP_REQUEST_TIMEOUT="1", MLFLOW_HTTP_REQUEST_MAX_RETRIES="0",
+                                   MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR="0")
+cfg, folder = json.loads(sys.argv[1]), Path(sys.argv[2])
+began = time.monotonic()
+returned = loggers.log_job(cfg, folder, json.loads((folder / "summary.json").read_text()))
+print(json.dumps({"returned": returned, "seconds": time.monotonic() - began}))
+"""
+
+
+def test_a_tracking_server_that_never_answers_holds_the_job_seconds_not_minutes(copy_of):
+    """Issue 51 item 1: a listener that accepts and never answers held the job ~16 minutes (MLflow's 120 s x 7
+    retries). Each request is bounded (MLFLOW_HTTP, unless the user set MLflow's own): one warning, the files stand."""
+    pytest.importorskip("mlflow", reason="logger=mlflow needs mlflow-skinny")
+    import socket
+
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(16)  # the kernel completes each handshake; nothing ever answers
+        port = silent.getsockname()[1]
+        env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_HTTP")}
+        env["PYTHONPATH"] = str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")
+        cfg = {"logger": {"name": "mlflow", "tracking_uri": f"http://127.0.0.1:{port}"}}
+        proc = subprocess.run([sys.executable, "-c", SILENT_CHILD, json.dumps(cfg), str(copy_of)], env=env,
+                              capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["returned"].startswith("logger=mlflow could not log this job (") and result["seconds"] < 30, result
+    assert _summary(copy_of)["success"]
+
+
+def test_the_logger_runs_after_the_device_lock_and_outside_the_signals_deferral(tmp_path, monkeypatch):
+    """Issue 51 item 1: the logger ran inside the device lock and the deferral of SIGTERM, so a slow one held every
+    other user of the board and a SIGTERM did nothing."""
+    import fcntl
+    import signal
+
+    from mtbench.job import run as run_module
+
+    seen = {}
+
+    def log_job(cfg, out_dir, summary):
+        fd = os.open(tmp_path / "locks" / "mtbench-cpu.lock", os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # raises BlockingIOError while the job holds it
+            seen["lock_free"] = True
+        finally:
+            os.close(fd)
+        seen["deferred"] = "stop_signals_deferred" in getattr(signal.getsignal(signal.SIGTERM), "__qualname__", "")
+        seen["summary"] = summary["success"]
+
+    monkeypatch.setattr(run_module.loggers, "log_job", log_job)
+    (tmp_path / "locks").mkdir()
+    run_job(compose_cfg(["model=squeezenet", "batch=1", "steps=1", "memory.breakdown=false",
+                         f"lock_dir={tmp_path / 'locks'}", "logger=csv"]), tmp_path / "job")
+    assert seen == {"lock_free": True, "deferred": False, "summary": True}

@@ -269,9 +269,8 @@ def run_job(cfg: DictConfig, out_dir: Path, notify: Optional[Callable[[str, Any]
     """
     job = Job(cfg, out_dir, notify)  # validates batch, steps, ... (UsageError)
     mode, lock_dir = str(cfg.get("device_lock", "wait")), str(cfg.get("lock_dir", "/tmp"))
-    # two jobs measuring one device at once spoil both: wait for (or refuse) the other. A GPU job also holds the
-    # CPU's lock (it reports CPU figures too, and a Jetson's GPU shares the CPU's DRAM and power rails); always
-    # taken in the order cpu, then the GPU, so that two jobs never wait for each other
+    # two jobs measuring one device at once spoil both: wait for (or refuse) the other. A GPU job also holds the CPU's
+    # lock (it reports CPU figures, a Jetson's GPU shares its DRAM and rails); cpu first: no two wait on each other
     devices = [torch.device("cpu")] + ([job.device] if job.device.type != "cpu" else [])
     locks = [DeviceLock(d, mode, lock_dir, cfg.get("lock_timeout_s")) for d in devices]
     try:
@@ -281,6 +280,8 @@ def run_job(cfg: DictConfig, out_dir: Path, notify: Optional[Callable[[str, Any]
     finally:
         for lock in reversed(locks):
             lock.release()
+        # logger=...: after the files, the lock (a slow tracking server holds no board) and the signals' deferral
+        loggers.log_job(job.cfg, job.out_dir, job.last_summary) if job.last_summary else None
 
 
 def _run_locked(job: Job) -> Dict[str, Any]:
@@ -397,4 +398,3 @@ def _write(job: Job, samples) -> None:
         job.until.write_curve(job.out_dir, samples, job.sampler, job.interval_ms)
     results.write_summary(job.out_dir, record.stamp(summary, job.started_at))
     job.last_summary = summary
-    loggers.log_job(job.cfg, job.out_dir, summary)  # logger=...: after the files; an error there is one warning

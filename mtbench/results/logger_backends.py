@@ -90,19 +90,28 @@ def regular_files_under(folder: Path) -> Iterator[tuple]:
 # ---------------------------------------------------------------------------------------------------------
 # MLflow: one run per job; params = the config, metrics per step and the summary's, artifacts = the job's folder
 
+# a tracking server that accepts and never answers held a job ~16 minutes (MLflow's own 120 s x 7 retries): each
+# request bounded here, unless the user set MLflow's variable
+MLFLOW_HTTP = {"MLFLOW_HTTP_REQUEST_TIMEOUT": "10", "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1",
+               "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1"}
+
+
 @contextlib.contextmanager
 def _file_store_allowed(uri: str) -> Iterator[None]:
-    """MLflow 3.x refuses its file store unless MLFLOW_ALLOW_FILE_STORE=true; mtbench's default is that store."""
-    before = os.environ.get("MLFLOW_ALLOW_FILE_STORE")
-    if uri.startswith("file:"):
-        os.environ["MLFLOW_ALLOW_FILE_STORE"] = "true"
+    """MLflow 3.x refuses its file store unless MLFLOW_ALLOW_FILE_STORE=true (mtbench's default is that store); and
+    every HTTP request bounded in time (MLFLOW_HTTP, where the user set none of MLflow's own)."""
+    wanted = dict({k: v for k, v in MLFLOW_HTTP.items() if k not in os.environ},
+                  **({"MLFLOW_ALLOW_FILE_STORE": "true"} if uri.startswith("file:") else {}))
+    before = {k: os.environ.get(k) for k in wanted}
+    os.environ.update(wanted)
     try:
         yield
     finally:
-        if before is None:
-            os.environ.pop("MLFLOW_ALLOW_FILE_STORE", None)
-        else:
-            os.environ["MLFLOW_ALLOW_FILE_STORE"] = before
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def mlflow_uri(settings: Mapping[str, Any]) -> str:
