@@ -127,3 +127,24 @@ class TerminatedAt(_Base):
         self.steps += 1
         if self.steps == self.at_step:
             raise Terminated(signal.SIGTERM)
+
+
+class ExitsInStep(_Base):
+    """Library code that calls sys.exit() inside a step (SystemExit is no Exception)."""
+
+    def step(self) -> None:
+        raise SystemExit(3)
+
+
+class BigFirstStep(_Base):
+    """Its first step (the warm-up) holds `mib` MiB, every page written, and frees it; the later steps hold nothing."""
+
+    def __init__(self, mib: int = 256) -> None:
+        self.mib = mib
+        self.steps = 0
+
+    def step(self) -> None:
+        self.steps += 1
+        if self.steps == 1:
+            held = torch.ones(self.mib * 2**20, dtype=torch.uint8)
+            del held

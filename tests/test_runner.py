@@ -204,3 +204,20 @@ def test_sigterm_in_the_breakdown_step_after_every_measured_step_keeps_the_resul
     assert s["mem_breakdown_bytes"] is None
     assert s["unavailable"]["mem_breakdown_bytes"] == ("terminated during the untimed breakdown step, after the "
                                                        "measured steps")
+
+
+def test_a_system_exit_in_a_step_is_the_jobs_failure(run):
+    """Issue 52 item 1: with the step loop's `except BaseException` narrowed to `except Exception`, a SystemExit in a
+    step was saved as success: true, measured_steps: 0."""
+    s = run(FAKE + ["model.workload._target_=tests.fake_workloads.ExitsInStep", "warmup=0", "steps=2"])
+    assert s["success"] is False and s["failure"]["kind"] == "error" and "SystemExit" in s["failure"]["message"]
+    assert s["measured_steps"] == 0
+
+
+def test_the_peak_is_the_measured_steps_not_the_warm_ups(run):
+    """Issue 52 item 1: with the peak's reset moved before the warm-up, the 256 MiB the warm-up step held would be
+    the job's peak; the measured steps hold nothing of it."""
+    s = run(FAKE + ["model.workload._target_=tests.fake_workloads.BigFirstStep", "warmup=1", "steps=2",
+                    "memory.breakdown=false"])
+    assert s["success"] and s["mem_peak_source"] == "process_rss"
+    assert s["mem_peak_bytes"] - s["mem_baseline_bytes"] < 64 * 2**20, (s["mem_peak_bytes"], s["mem_baseline_bytes"])
