@@ -4,12 +4,14 @@ from __future__ import annotations
 import itertools
 from typing import List, Tuple
 
+import pytest
 from hydra import compose
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
 from mtbench.config import check_overrides
 from mtbench.config import group_options
+from mtbench.errors import UsageError
 
 # Table II of Liu et al. 2019 as mtbench names its models (docs/models.md "Models")
 PAPER_MODELS = ["alexnet", "vgg16", "vgg19", "resnet50", "resnet101", "resnet152", "densenet40", "densenet100",
@@ -55,5 +57,10 @@ def test_command_line_narrows_the_study(hydra_conf):
 
 
 def test_cli_accepts_the_experiment_override():
-    check_overrides(["-m", "+experiment=liu2019"])
-    check_overrides(["-m", "+experiment=liu2019", "model=resnet50", "batch=1,2"])
+    assert check_overrides(["-m", "+experiment=liu2019"]) is None
+    assert check_overrides(["-m", "+experiment=liu2019", "model=resnet50", "batch=1,2"]) is None
+    # the same lists with one value the check must refuse: it judges them, it does not wave them through
+    with pytest.raises(UsageError, match="nosuch"):
+        check_overrides(["-m", "+experiment=nosuch"])
+    with pytest.raises(UsageError, match="batch"):
+        check_overrides(["-m", "+experiment=liu2019", "model=resnet50", "batch=1,0"])

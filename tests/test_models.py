@@ -117,3 +117,23 @@ def test_seq2seq_step_copies_nothing_to_the_host():
     src, src_len, _, _ = workload.batches[0]
     assert src.device.type == "meta" and src_len.device.type == "cpu"
     workload.step()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", group_options("model"))
+def test_a_training_step_changes_the_weights(model):
+    """Issue 52 item 1: test_model_trains_one_step checked that a step ran, not that it trained: every model's
+    step changes its trained parameters (DQN's once its replay buffer lets it learn: learning_starts)."""
+    from mtbench.workload.base import SetupContext
+
+    cfg = compose_cfg([f"model={model}", "batch=2"] + TINY.get(model, []))
+    data = instantiate(cfg.data, "data")
+    workload = instantiate(cfg.model.workload, "model.workload")
+    workload.setup(SetupContext(device=torch.device("cpu"), batch_size=2, data=data, seed=0, batches=2))
+    params = [p for m in workload.modules() for p in m.parameters() if p.requires_grad]
+    assert params, f"{model} trains no parameter"
+    before = [p.detach().clone() for p in params]
+    for _ in range(12 if model == "dqn" else 1):  # DQN learns from step learning_starts (8 here) on
+        workload.step()
+    changed = sum(not torch.equal(b, p.detach()) for b, p in zip(before, params))
+    assert changed > 0, f"{model}: no parameter changed in a training step"

@@ -83,20 +83,30 @@ def test_the_command_line_cannot_name_an_mtbench_function_as_data(target, tmp_pa
     assert not victim.exists() and not (tmp_path / "run" / "summary.json").exists()
 
 
+def _passes_and_is_judged(cfg, node: str) -> None:
+    """check_targets passes `cfg`, and the same config with `node`'s _target_ swapped for os.system is refused: the
+    pass is a judgement of this config's targets, not a check that judges nothing."""
+    assert check_targets(cfg) is None
+    planted = OmegaConf.merge(cfg, OmegaConf.from_dotlist([f"{node}._target_=os.system"]))
+    with pytest.raises(UsageError, match=rf"at {re.escape(node)}\b"):
+        check_targets(planted)
+
+
 @pytest.mark.parametrize("model", ["alexnet", "resnet50", "mobilenetv2", "bert", "dqn", "dcgan", "char_rnn",
                                    "seq2seq", "bidaf", "densenet40", "xception"])
 def test_every_shipped_config_passes(model):
-    check_targets(compose_cfg([f"model={model}"]))
+    cfg = compose_cfg([f"model={model}"])
+    _passes_and_is_judged(cfg, "model.workload")
 
 
 @pytest.mark.parametrize("data", ["synthetic", "cifar10", "shakespeare", "squad", "iwslt15", "atari"])
 def test_every_shipped_data_source_passes(data):
-    check_targets(compose_cfg(["model=alexnet", f"data={data}"]))
+    _passes_and_is_judged(compose_cfg(["model=alexnet", f"data={data}"]), "data")
 
 
 def test_torchvision_builders_are_networks():
-    check_targets(compose_cfg(["model=alexnet", "model.workload.net._target_=torchvision.models.resnet18",
-                               "~model.workload.net.variant"]))
+    _passes_and_is_judged(compose_cfg(["model=alexnet", "model.workload.net._target_=torchvision.models.resnet18",
+                                       "~model.workload.net.variant"]), "model.workload.net")
 
 
 def test_targets_in_lists_are_checked():
