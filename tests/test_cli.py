@@ -205,3 +205,28 @@ def test_a_target_outside_the_allowed_modules_is_one_line(target, tmp_path):
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("mtbench: error:") and target in lines[0], lines
     assert not (tmp_path / "summary.json").exists()
+
+
+def test_a_basic_sweep_composes_its_jobs_a_batch_at_a_time():
+    """Issue 51 item 4: Hydra's basic sweeper composed every job before the first ran ("job 1 of N" after 96 s for
+    400 jobs). A sweep on it gets hydra.sweeper.max_batch_size; one on another sweeper, or that sets it, does not."""
+    from mtbench.commands.cli import SWEEP_BATCH, with_sweep_batches
+
+    batched = f"hydra.sweeper.max_batch_size={SWEEP_BATCH}"
+    assert with_sweep_batches(["-m", "model=alexnet", "batch=1,2"]) == ["-m", "model=alexnet", "batch=1,2", batched]
+    assert with_sweep_batches(["model=alexnet"]) == ["model=alexnet"]  # one job: no sweeper
+    assert batched not in with_sweep_batches(["-m", "hydra/sweeper=optuna", "batch=1,2"])
+    assert with_sweep_batches(["-m", "hydra.sweeper.max_batch_size=2"]) == ["-m", "hydra.sweeper.max_batch_size=2"]
+
+
+@pytest.mark.slow
+def test_a_sweep_larger_than_a_batch_runs_every_job_once(tmp_path):
+    """Nine jobs on the basic sweeper, composed eight and then one at a time: nine job folders, numbered in order,
+    each a summary, and the console counts nine from the first."""
+    proc = mtbench_cli("-m", "model=squeezenet", "batch=1,2,3", "steps=1,2,3", "warmup=0", "device=cpu",
+                       "memory.breakdown=false", "data.image_size=8", "sampler.mode=thread",
+                       f"hydra.sweep.dir={tmp_path}", f"lock_dir={tmp_path}")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "[job 1 of 9]" in proc.stdout and "[job 9 of 9]" in proc.stdout
+    folders = sorted(p.parent.name for p in tmp_path.rglob("summary.json"))
+    assert len(folders) == 9 and sorted(int(f.split("-")[0]) for f in folders) == list(range(9))
