@@ -270,13 +270,20 @@ def _null_or(test: Any, allowed: str) -> Any:
             return None
         try:
             return test(list(value) if hasattr(value, "__iter__") and not isinstance(value, str) else value)
-        except (TypeError, ValueError, AssertionError):
+        except (TypeError, ValueError):
             raise UsageError(f"{key}={value!r} is not allowed; allowed: null or {allowed}") from None
     return rule
 
 
+def _require(ok: bool) -> None:
+    """A value rule's test: a ValueError (the rule's caller says the one line) where it fails. Not `assert`, which
+    `python -O` removes: every value would then pass."""
+    if not ok:
+        raise ValueError("not allowed")
+
+
 def _int(v: Any, minimum: int = 1) -> int:
-    assert isinstance(v, int) and not isinstance(v, bool) and v >= minimum
+    _require(isinstance(v, int) and not isinstance(v, bool) and v >= minimum)
     return v
 
 
@@ -286,12 +293,12 @@ def _cores(v: Any) -> Any:  # a count, or distinct core indices
 
 def _mhz_pair(v: Any) -> List[int]:  # one clock (min = max) or [min, max]
     pair = [_int(c) for c in (v if isinstance(v, list) else [v, v])]
-    assert len(pair) == 2 and pair[0] <= pair[1]
+    _require(len(pair) == 2 and pair[0] <= pair[1])
     return pair
 
 
 def _watts(v: Any) -> float:
-    assert isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < float("inf")
+    _require(isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < float("inf"))
     return v
 
 
@@ -303,22 +310,22 @@ def _eta(key: str, value: Any) -> float:
 
 
 def _mode(v: Any) -> Any:
-    assert (isinstance(v, str) and v) or (isinstance(v, int) and not isinstance(v, bool) and v >= 0)
+    _require(bool((isinstance(v, str) and v) or (isinstance(v, int) and not isinstance(v, bool) and v >= 0)))
     return v
 
 
 def _accuracy(v: Any) -> float:  # an accuracy: a share of the held-out samples
-    assert isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v <= 1
+    _require(isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v <= 1)
     return float(v)
 
 
 def _loss(v: Any) -> float:  # a training loss to reach: finite and > 0
-    assert isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < float("inf")
+    _require(isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < float("inf"))
     return float(v)
 
 
 def _word(v: Any) -> str:
-    assert isinstance(v, str) and v.replace("_", "").isalnum()
+    _require(isinstance(v, str) and v.replace("_", "").isalnum())
     return v
 
 SCHEMA: Dict[str, Any] = {

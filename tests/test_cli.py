@@ -230,3 +230,21 @@ def test_a_sweep_larger_than_a_batch_runs_every_job_once(tmp_path):
     assert "[job 1 of 9]" in proc.stdout and "[job 9 of 9]" in proc.stdout
     folders = sorted(p.parent.name for p in tmp_path.rglob("summary.json"))
     assert len(folders) == 9 and sorted(int(f.split("-")[0]) for f in folders) == list(range(9))
+
+
+@pytest.mark.parametrize("override", ["power.gpu_power_limit_w=-5", "until.loss=-1", "lock_timeout_s=0",
+                                      "power.cpu_cores=0", "power.governor=a-b", "until.accuracy=2"])
+def test_values_are_refused_under_python_dash_O(override):
+    """Issue 52 item 3: the value rules were `assert`s, which `python -O` removes: every value then passed. Each is
+    refused in one line under -O too."""
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    code = ("import sys; from mtbench.config import check_overrides; from mtbench.errors import UsageError\n"
+            f"try:\n    check_overrides([{override!r}])\nexcept UsageError as exc:\n    print(exc); sys.exit(2)\n")
+    proc = subprocess.run([sys.executable, "-O", "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120,
+                          env=dict(__import__("os").environ, PYTHONPATH=str(REPO)))
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert f"{override.split('=')[0]}=" in proc.stdout and "is not allowed" in proc.stdout
