@@ -145,6 +145,10 @@ def test_calibrate_then_predict_uses_it(tmp_path, monkeypatch, capsys):
     (["model=alexnet", "batch=2", "target=moon"], "target='moon' is not known"),
     (["model=alexnet"], "model= and batch= are required"),
     (["model=alexnet", "batch=2", "calibration=/nonexistent.json"], "is not a file"),
+    # issue 51 item 10: an output it cannot write was a traceback after every trace
+    (["model=alexnet", "batch=2", "out=/proc/mtbench-predict"], "out='/proc/mtbench-predict' is not a folder this "
+                                                                 "user can write"),
+    (["model=alexnet", "batch=2", f"out={__file__}"], "is not a folder this user can write (File exists)"),
 ])
 def test_bad_input_is_one_line(argv, says, capsys):
     from mtbench.commands.predict import main_predict
@@ -301,3 +305,14 @@ def test_the_max_batch_search_interpolates_in_few_traces(monkeypatch, tmp_path, 
     assert abs(found - best) <= max(1, best // 100) and peak_of(found) <= budget, (found, traced)
     # the anchor, the guess from its breakdown (100 MiB fixed, the rest per sample), then the line or Illinois
     assert len(traced) <= (4 if best == 1020 else 15), traced
+
+
+@pytest.mark.parametrize("out, says", [("/proc/mtbench-cal.json", "out='/proc' is not a folder this user can write"),
+                                       ("/tmp", "out='/tmp' is a folder")])
+def test_calibrate_refuses_an_output_it_cannot_write_before_the_fit(out, says, tmp_path, capsys):
+    from mtbench.commands.predict import main_calibrate
+
+    assert main_calibrate([str(tmp_path), f"out={out}"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("mtbench: error:") and says in err and "\n" not in err
+

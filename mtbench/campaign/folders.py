@@ -135,6 +135,7 @@ def writable_folder(path: Path, what: str) -> Path:
         os.close(fd)
         os.unlink(probe)
     except OSError as exc:
-        raise UsageError(f"{what} {str(path)!r} is not a folder this user can write ({exc.strerror or exc}); "
+        raise UsageError(f"{what}{'' if what.endswith('=') else ' '}{str(path)!r} is not a folder this user can "
+                         f"write ({exc.strerror or exc}); "
                          "allowed: a new or existing folder this user can write") from None
     return path

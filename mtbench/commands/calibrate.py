@@ -26,6 +26,12 @@ def run(args: argparse.Namespace) -> int:
     from mtbench.predict.fit import calibrate
 
     profile = _bool("profile", own.get("profile", "false"))
+    if own.get("out"):  # a calibration file: refused before the fit where it cannot be written
+        from mtbench.campaign.folders import writable_folder
+
+        if Path(own["out"]).is_dir():
+            raise UsageError(f"out={own['out']!r} is a folder; allowed: a file name in a folder this user can write")
+        writable_folder(Path(own["out"]).parent, "out=")
     cal, path, report = calibrate(Path(positional[0]), target=own.get("target"), out=own.get("out"),
                                   overrides=tuple(rest), time_stat=own.get("time_stat", "median"),
                                   profile=profile)

@@ -95,15 +95,15 @@ def run(args: argparse.Namespace) -> int:
     if own.get("calibration") and not Path(own["calibration"]).is_file():
         raise UsageError(f"calibration={own['calibration']!r} is not a file; allowed: a file `mtbench calibrate` "
                          f"wrote")
+    from mtbench.campaign.folders import dated_dir, writable_folder
     from mtbench.predict.predictor import Predictor
 
+    # the scheme of docs/results.md; refused before the traces where it cannot take the results
+    out_dir = writable_folder(Path(own.get("out") or dated_dir("predict")), "out=")
     predictor = Predictor(target_name=target, device=own.get("device", "auto"), overrides=tuple(rest),
                           calibration_path=own.get("calibration"))
     rows = run_predictions(predictor, models, batches, want_max)
     print_table(rows, predictor)
-    from mtbench.campaign.folders import dated_dir
-
-    out_dir = Path(own.get("out") or dated_dir("predict"))  # the scheme of docs/results.md
     write(rows, out_dir)
     print(f"results in {out_dir} (predict.json, predict.csv)")
     return 0
