@@ -354,7 +354,7 @@ def test_report_side_files_carry_hostile_text_as_text(tmp_path):
     assert not any(c.startswith(("=", "+", "@")) for c in cells)
     assert not any("\x1b" in c for c in cells)
     text = (out / "README.md").read_text()
-    assert "<img" not in text and "&lt;img src=x onerror=alert(1)&gt;\\x1b[31m" in text
+    assert "<img" not in text and "&lt;img src=x onerror=alert(1)>\\x1b[31m" in text
     assert "\x1b" not in text and "boom\\x1b[2J\\x0asecond line \\| cell" in text
     table = [line for line in text.splitlines() if line.startswith("| ")]
     assert len(table) == 3 + 2  # jobs: the header and a row each, none broken across lines; boards: header, one

@@ -1,7 +1,6 @@
 """The tables of a report: README.md's job and board tables and summary.csv's columns."""
 from __future__ import annotations
 
-import html
 import re
 from urllib.parse import quote
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -29,9 +28,9 @@ def _visible(text: str) -> str:
 
 
 def md(value: Any) -> str:
-    """A value as text in README.md: control bytes shown as \\xNN, HTML escaped (a folder named <img onerror=...>
-    stays text), a table's | escaped."""
-    return html.escape(_visible(str(value)), quote=False).replace("|", "\\|")
+    """A value as text in README.md: control bytes shown as \\xNN, & and < escaped (a folder named <img onerror=...>
+    stays text: no tag opens; "->" stays as it is), a table's | escaped."""
+    return _visible(str(value)).replace("&", "&amp;").replace("<", "&lt;").replace("|", "\\|")
 
 
 def sheet_cell(value: Any) -> Any:
