@@ -316,3 +316,13 @@ def test_calibrate_refuses_an_output_it_cannot_write_before_the_fit(out, says, t
     err = capsys.readouterr().err.strip()
     assert err.startswith("mtbench: error:") and says in err and "\n" not in err
 
+
+def test_calibrate_names_an_unknown_target_and_what_is_allowed(tmp_path, capsys):
+    """Issue 51 item 10: `calibrate DIR target=nosuch` printed Hydra's text."""
+    from mtbench.commands.predict import main_calibrate
+
+    assert main_calibrate([str(tmp_path), "target=nosuch"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("mtbench: error: target='nosuch' is not known; allowed: ") and "tx2" in err
+    assert "\n" not in err
+

@@ -26,6 +26,11 @@ def run(args: argparse.Namespace) -> int:
     from mtbench.predict.fit import calibrate
 
     profile = _bool("profile", own.get("profile", "false"))
+    if own.get("target") is not None:
+        from mtbench.config import group_options
+
+        if own["target"] not in group_options("target"):
+            raise UsageError(f"target={own['target']!r} is not known; allowed: {', '.join(group_options('target'))}")
     if own.get("out"):  # a calibration file: refused before the fit where it cannot be written
         from mtbench.campaign.folders import writable_folder
 
