@@ -6,9 +6,10 @@ glibc, what auto is without a budget) and under memory.cpu_malloc=live (a fixed 
     python benchmarks/training_memory_spread.py                     # mobilenetv2 b16 and resnet50 b8, quiet
     python benchmarks/training_memory_spread.py --busy              # beside a busy loop on every core
     python benchmarks/training_memory_spread.py --job model=squeezenet,batch=8
+    python benchmarks/training_memory_spread.py --malloc glibc --malloc cached   # other malloc settings
 
 Prints, per job and malloc setting, each run's training memory and VmHWM (MiB) and each one's spread:
-(max - min) / median.
+(max - min) / median, and the median step time of the four runs (what the setting costs in speed).
 """
 from __future__ import annotations
 
@@ -51,7 +52,7 @@ def run_four(job: str, malloc: str, out: Path) -> list:
         if proc.returncode != 0:
             raise SystemExit(f"{job}: run {run} failed: {proc.stderr.strip().splitlines()[-1:]}")
         summary = json.loads((folder / "summary.json").read_text())
-        figures.append((summary["mem_training_bytes"], summary["mem_peak_bytes"]))
+        figures.append((summary["mem_training_bytes"], summary["mem_peak_bytes"], summary["step_time_s"]["median"]))
     return figures
 
 
@@ -63,6 +64,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--busy", action="store_true", help="a busy loop on every core beside the runs")
     parser.add_argument("--job", action="append", help="overrides joined by commas (default: the two above)")
+    parser.add_argument("--malloc", action="append", choices=["auto", "glibc", "live", "cached"],
+                        help="memory.cpu_malloc settings to run (default: glibc and live)")
     args = parser.parse_args()
     spinners = [multiprocessing.Process(target=_spin, daemon=True) for _ in range(os.cpu_count() or 1)] \
         if args.busy else []
@@ -71,13 +74,15 @@ def main() -> None:
     try:
         with tempfile.TemporaryDirectory() as out:
             for job in args.job or JOBS:
-                for malloc in MALLOCS:
+                for malloc in args.malloc or MALLOCS:
                     figures = run_four(job, malloc, Path(out))
-                    training, hwm = [t for t, _ in figures], [h for _, h in figures]
+                    training, hwm = [f[0] for f in figures], [f[1] for f in figures]
+                    step_s = statistics.median(f[2] for f in figures)
                     print(f"{job} cpu_malloc={malloc} ({'busy' if args.busy else 'quiet'}; runs 1 and 3 cold): "
                           f"training memory "
                           f"{', '.join(f'{t / 2**20:.1f}' for t in training)} MiB, spread {spread(training):.2%}; "
-                          f"VmHWM {', '.join(f'{h / 2**20:.1f}' for h in hwm)} MiB, spread {spread(hwm):.2%}",
+                          f"VmHWM {', '.join(f'{h / 2**20:.1f}' for h in hwm)} MiB, spread {spread(hwm):.2%}; "
+                          f"step {step_s:.3f} s",
                           flush=True)
     finally:
         for p in spinners:
