@@ -170,14 +170,17 @@ def test_a_lock_dir_of_another_user_is_refused_where_others_may_write_it(mode, r
         device_lock.release()
 
 
-def test_the_power_restore_file_is_not_kept_in_a_linked_lock_dir(tmp_path):
+def test_the_power_restore_file_is_not_kept_in_a_linked_folder(tmp_path):
     from mtbench.device import power_record
+
     from tests.helpers.hostile import shared_folder
 
-    link = os.path.join(shared_folder(), "lk")
-    as_nobody(lambda: os.symlink(tmp_path, link))
+    root = shared_folder()  # a board tree in a folder others may write, sticky as /tmp
+    os.mkdir(os.path.join(root, "run"), 0o1777)
+    os.chmod(os.path.join(root, "run"), 0o1777)
+    as_nobody(lambda: os.symlink(tmp_path, os.path.join(root, "run", "mtbench")))
     with pytest.raises(UsageError, match="is a symbolic link, refused"):
-        power_record.path_in(link)
+        power_record.path_for(root)
 
 
 def _held(folder, text: bytes):

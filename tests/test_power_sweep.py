@@ -86,11 +86,12 @@ def test_a_crashed_runs_settings_are_restored_by_the_next_run_which_says_so(boar
     proc = subprocess.run([sys.executable, "-c", crash, str(REPO), str(board), str(locks), str(tmp_path / "job")],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == -signal.SIGKILL, proc.stderr
-    record = locks / power_record.NAME
+    record = board / power_record.FOLDER / power_record.NAME
     assert (board / STATUS).read_text() == "pmode:0001\n" and record.exists()  # the crash left them
     assert stat.S_IMODE(record.stat().st_mode) == 0o600
     pid = json.loads(record.read_text())["pid"]
-    out = cli(tmp_path, *TINY, f"lock_dir={locks}", f"hydra.run.dir={tmp_path / 'next'}")  # no power.* key
+    out = cli(tmp_path, *TINY, f"lock_dir={tmp_path}", f"power.sysfs_root={board}",  # another lock_dir, no knob
+              f"hydra.run.dir={tmp_path / 'next'}")
     assert out.returncode == 0, out.stderr
     said = [line for line in out.stderr.splitlines() if "ended without restoring" in line]
     assert said == [f"mtbench: power: a run that ended without restoring the device (pid {pid}) left {record}: "
@@ -101,7 +102,8 @@ def test_a_crashed_runs_settings_are_restored_by_the_next_run_which_says_so(boar
 def test_a_restore_file_this_user_must_not_trust_is_refused(board, tmp_path):
     locks = tmp_path / "locks"
     locks.mkdir()
-    record = locks / power_record.NAME
+    record = board / power_record.FOLDER / power_record.NAME
+    record.parent.mkdir(parents=True)
     record.symlink_to(tmp_path / "elsewhere.json")
     with pytest.raises(UsageError, match="power restore file .* is a symbolic link, refused"):
         job(board, locks, tmp_path / "job", nvpmodel=1)
@@ -122,11 +124,39 @@ def test_a_restore_file_this_user_must_not_trust_is_refused(board, tmp_path):
 def test_another_live_runs_settings_are_not_taken_over(board, tmp_path):
     locks = tmp_path / "locks"
     locks.mkdir()
-    power_record.write(str(locks / power_record.NAME),
+    power_record.write(str(board / power_record.FOLDER / power_record.NAME),
                        {"root": str(board), "files": [], **power_record.owner(os.getppid())})
     with pytest.raises(UsageError, match=rf"another mtbench run \(pid {os.getppid()}\) has changed this device's"):
         job(board, locks, tmp_path / "job", nvpmodel=1)
     assert calls(tmp_path) == []
+
+
+def test_runs_with_different_lock_dirs_share_the_devices_restore_file(board, tmp_path):
+    """Run A caps the CPU with its lock_dir (a container's own /tmp) and holds the setting; run C, with another
+    lock_dir, must not take A's cap for the device's original (it restored the board to A's cap once A ended):
+    the restore file is the device's, one per sysfs root, and C stops with the line naming A."""
+    before = files_of(board)
+    hold = ("import sys; sys.path.insert(0, sys.argv[1]); from omegaconf import OmegaConf;"
+            "from mtbench.device import power;"
+            "cfg = OmegaConf.create({'power': {'sysfs_root': sys.argv[2], 'cpu_max_khz': 729600},"
+            " 'sampler': {}, 'lock_dir': sys.argv[3]});"
+            "ctl = power.PowerControl(cfg, sys.argv[4], None); ctl.apply(); print('applied', flush=True);"
+            "sys.stdin.read(); ctl.restore()")
+    (tmp_path / "a-locks").mkdir()
+    (tmp_path / "c-locks").mkdir()
+    a = subprocess.Popen([sys.executable, "-c", hold, str(REPO), str(board), str(tmp_path / "a-locks"),
+                          str(tmp_path / "a")], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert a.stdout.readline() == "applied\n"
+        assert (board / MAX_KHZ).read_text() == "729600\n"
+        with pytest.raises(UsageError, match=rf"another mtbench run \(pid {a.pid}\) has changed this device's"):
+            job(board, tmp_path / "c-locks", tmp_path / "c", cpu_max_khz=1113600)
+    finally:
+        a.communicate("", timeout=120)
+    assert a.returncode == 0 and files_of(board) == before  # A restored the board as it found it
+    assert not (board / power_record.FOLDER / power_record.NAME).exists()
+    folder = board / power_record.FOLDER
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o700
 
 
 # -- one restore per sweep ---------------------------------------------------------------------------------------
@@ -152,7 +182,7 @@ def test_a_sweeps_jobs_keep_their_settings_and_the_sweep_restores_once(board, tm
     assert files_of(board) == before and calls(tmp_path) == ["-m 1", "-m 0"]
     ctl = job(board, locks, tmp_path / "job4", nvpmodel=2)
     hold.close()
-    assert files_of(board) == before and not (locks / power_record.NAME).exists()
+    assert files_of(board) == before and not (board / power_record.FOLDER / power_record.NAME).exists()
     assert power_record.HOLD_ENV not in os.environ
     assert capsys.readouterr().err.count("the sweep has ended: restored the device's settings") == 1
 
@@ -184,7 +214,7 @@ def test_sigterm_to_a_sweep_restores_the_device(board, tmp_path):
     _, err = proc.communicate(timeout=180)
     assert proc.returncode == 143, err
     assert "the sweep has ended: restored" in err and files_of(board) == before
-    assert not (tmp_path / power_record.NAME).exists()
+    assert not (board / power_record.FOLDER / power_record.NAME).exists()
 
 
 # -- checks before any job ---------------------------------------------------------------------------------------
@@ -293,7 +323,7 @@ def test_nvpmodel_0_is_set_not_taken_for_unset(board, tmp_path):
 
 def test_cores_alone_off_a_jetson_leave_no_machine_file_and_meet_no_other_run(tmp_path, monkeypatch):
     monkeypatch.delenv(power_record.HOLD_ENV, raising=False)
-    record = tmp_path / power_record.NAME
+    record = tmp_path / "not-a-jetson" / power_record.FOLDER / power_record.NAME
     power_record.write(str(record), {"root": "/", "files": [], **power_record.owner(os.getppid())})  # another run's
     ctl = job(tmp_path / "not-a-jetson", tmp_path, tmp_path / "job", cpu_cores=1)  # changes only this process
     ctl.restore()

@@ -39,13 +39,8 @@ class SweepPower:
         if self.started:
             return
         self.started = True
-        lock_dir = machine.lock_dir_of(cfg)
-        if not os.path.isabs(lock_dir):  # device_lock=off with a relative folder: no machine file (as locks)
-            if asks_power(cfg):
-                machine.path_in(lock_dir)  # the one-line error
-            return
-        path = machine.path_in(lock_dir)
         try:
+            path = machine.path_for(power.sysfs_root(cfg))
             found = machine.read(path)
         except UsageError:
             if asks_power(cfg):

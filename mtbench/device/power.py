@@ -51,7 +51,6 @@ class PowerControl:
         self.read_back: Optional[Dict[str, Any]] = None
         self.clamped: List[str] = []
         self.saved: Optional[Tuple[Any, int]] = None  # this process's CPU affinity and torch threads before
-        self.lock_dir = machine.lock_dir_of(cfg)  # where the machine's restore file lives (power_record.py)
         # set in a sweep's jobs (campaign/power_hold.py): {path, pid, start} of the sweep's record; the sweep restores
         hold = os.environ.get(machine.HOLD_ENV)
         self.hold: Optional[Dict[str, Any]] = json.loads(hold) if hold else None
@@ -81,7 +80,7 @@ class PowerControl:
         a, root = self.asked, self.root
         jetson, files, mode, cores = self.check()
         gpu_index = self._gpu_index()
-        path = self.hold["path"] if self.hold is not None else machine.path_in(self.lock_dir)
+        path = self.hold["path"] if self.hold is not None else machine.path_for(self.root)
         # cores alone off a Jetson change only this process (affinity, threads): no machine file, no other run's
         device_wide = bool(files) or mode is not None or gpu_index is not None
         held = self._claim(path, device_wide) if device_wide or self.hold is not None else None  # a dead run's first

@@ -1,9 +1,12 @@
 """The machine's power restore file: what a run changed on the device, so that the next run restores it should the
-run itself die (`<lock_dir>/mtbench-power-restore.json`), and the sweep's hold of one record for all its jobs.
+run itself die (`<power root>/run/mtbench/mtbench-power-restore.json`), and the sweep's hold of one record for all
+its jobs.
 
-The folder may be shared by every user (/tmp), and root acts on the file's content (it writes sysfs files): it is
-written under a fresh name (O_CREAT|O_EXCL|O_NOFOLLOW, mode 0600) and renamed into place, and read only when it is
-a regular file of one name, owned by this user and writable by no other; anything else is refused in one line.
+One file per device, whatever lock_dir a run uses: it lies under the device's own root (power.sysfs_root, / on the
+machine itself: /run/mtbench, a root-owned tmpfs cleared at boot as the settings are). Root acts on the file's
+content (it writes sysfs files): it is written under a fresh name (O_CREAT|O_EXCL|O_NOFOLLOW, mode 0600) in a
+folder of mode 0700 and renamed into place, and read only when it is a regular file of one name, owned by this user
+and writable by no other; anything else is refused in one line.
 """
 from __future__ import annotations
 
@@ -20,22 +23,23 @@ HOLD_ENV = "MTBENCH_POWER_HOLD"  # set by a sweep (campaign/power_hold.py): its 
 MAX_BYTES = 1 << 20
 
 
-def path_in(lock_dir: str) -> str:
-    if not os.path.isabs(lock_dir):
-        raise UsageError(f"lock_dir={lock_dir!r} (or MTBENCH_LOCK_DIR) is not an absolute folder; power.* keys keep "
-                         f"their restore file {NAME} there; allowed: an absolute folder (default /tmp)")
+FOLDER = os.path.join("run", "mtbench")
+
+
+def path_for(root: str) -> str:
+    """Where the restore file of the device whose files lie under `root` (power.sysfs_root) is kept: one place per
+    device, so that two runs with different lock_dirs (a container's own /tmp) see each other's record."""
+    if not os.path.isabs(root):
+        raise UsageError(f"power.sysfs_root={root!r} is not an absolute folder; allowed: an absolute folder (default /)")
+    folder = os.path.join(root, FOLDER)
     try:
-        os.close(open_folder(lock_dir))  # not a link, nor another user's folder that others may write
+        os.close(open_folder(folder))  # not a link, nor another user's folder that others may write
     except FileNotFoundError:
-        pass  # writing the record says so
+        pass  # made, mode 0700, by the first write
     except RefusedFile as exc:
-        raise UsageError(f"lock_dir={exc}; power.* keys keep their restore file {NAME} there; allowed: a folder (not "
-                         "a link) of this user or root, or a sticky one (as /tmp)") from None
-    return os.path.join(lock_dir, NAME)
-
-
-def lock_dir_of(cfg: Any) -> str:
-    return str(cfg.get("lock_dir") or os.environ.get("MTBENCH_LOCK_DIR") or "/tmp")
+        raise UsageError(f"the power restore folder {exc}; allowed: a folder (not a link) of this user or root") \
+            from None
+    return os.path.join(folder, NAME)
 
 
 def start_ticks(pid: int) -> Optional[int]:
@@ -97,6 +101,13 @@ def read(path: str) -> Optional[Dict[str, Any]]:
 def write(path: str, record: Dict[str, Any]) -> None:
     """Write `record` to `path` whole: a fresh private file renamed into place (a link planted at `path` is
     replaced, never followed)."""
+    folder = os.path.dirname(path)
+    if os.path.basename(folder) == os.path.basename(FOLDER):  # the machine's file: its folder made private
+        try:
+            os.makedirs(folder, mode=0o700, exist_ok=True)
+        except OSError as exc:
+            raise UsageError(f"cannot make the power restore folder {folder} ({exc.strerror}); power.* keys need "
+                             "root") from None
     try:  # fsynced: the record must outlive a crash of the machine's power settings' owner
         write_whole(path, json.dumps(record).encode(), mode=0o600)
     except FileExistsError:
