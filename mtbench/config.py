@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import os
 import sys
 import typing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
+from mtbench.config_shape import check_shape, plain_value, short as _short
 from mtbench.errors import UsageError
 
 LOCK_MODES = ("wait", "fail", "off")  # device_lock: wait for another job's device, fail at once, or no lock
@@ -223,6 +225,20 @@ def _whole(minimum: int) -> Any:
     return lambda key, value: positive_int(key, value, minimum=minimum)
 
 
+def _bounded(minimum: int, maximum: Any, why: str) -> Any:
+    """A whole number from `minimum` to `maximum()` (a callable: the bound may be this machine's)."""
+    def rule(key: str, value: Any) -> int:
+        number = positive_int(key, value, minimum=minimum)
+        if number > maximum():
+            raise UsageError(f"{key}={number} is out of range; allowed: {minimum}-{maximum()} ({why})")
+        return number
+    return rule
+
+
+def _max_workers() -> int:
+    return 4 * (os.cpu_count() or 1)
+
+
 def _one_of(*allowed: str) -> Any:
     return lambda key, value: choice(key, value, allowed)
 
@@ -366,9 +382,9 @@ SCHEMA: Dict[str, Any] = {
     "power.gpu_locked_clocks_mhz": _null_or(_mhz_pair, "a clock in MHz or [min, max] MHz with min <= max"),
     "power.sysfs_root": _path_or_null,
     "data.loader": _one_of("preloaded", "dataloader"),
-    "data.workers": _whole(0),
+    "data.workers": _bounded(0, _max_workers, "at most 4 loader processes per core of this machine"),
     "data.pin_memory": _boolean,
-    "data.prefetch_factor": _whole(1),
+    "data.prefetch_factor": _bounded(1, lambda: 64, "batches each loader process prepares ahead"),
     "data.persistent_workers": _boolean,
     "data.cache_dir": _path_or_null,
     "repeat": lambda key, value: repeat_count(key, value),
@@ -478,12 +494,6 @@ def interval_ms(key: str, value: Any) -> float:
     return number
 
 
-def _short(value: Any, limit: int = 60) -> str:
-    """repr(value), cut to `limit` characters with its full length said, for one-line messages."""
-    text = repr(value) if not isinstance(value, (int, float)) or isinstance(value, bool) else str(value)
-    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
-
-
 def check_output_dir(key: str, value: Any) -> None:
     """An explicit hydra.run.dir / hydra.sweep.dir that Hydra could not create or write ends in one line here."""
     import os
@@ -519,24 +529,31 @@ def _loader() -> Any:
     return ConfigLoaderImpl(config_search_path=create_config_search_path(str(conf_dir())))
 
 
-def check_composition(overrides: List[str], multirun: bool) -> None:
+def check_composition(overrides: List[str], multirun: bool, base: Optional[List[str]] = None) -> None:
     """Compose and resolve the config as the job will (sweep lists of -m left out: each job composes one value),
     so that what Hydra or OmegaConf would refuse inside the job (a `+key` that exists, a value of the wrong type
-    for its node, an interpolation to no key, a sweep list without -m) ends here in one line."""
+    for its node, an interpolation to no key, a sweep list without -m) ends here in one line. With `base` (the
+    group choices among the overrides), each value keeps the kind it has in the config composed from them alone
+    (config_shape.check_shape)."""
     from hydra.errors import HydraException
     from hydra.types import RunMode
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
+    mode = RunMode.MULTIRUN if multirun else RunMode.RUN
     try:
-        cfg = _loader().load_configuration(config_name="config", overrides=overrides,
-                                           run_mode=RunMode.MULTIRUN if multirun else RunMode.RUN)
+        cfg = _loader().load_configuration(config_name="config", overrides=overrides, run_mode=mode)
         check_hydra_node(cfg.get("hydra"))  # what Hydra builds or runs itself, from any YAML or override
         for key in cfg:  # Hydra resolves its own node (dates, job names) when the job starts
             if key != "hydra":
                 node = cfg[key]
                 if OmegaConf.is_config(node):
                     OmegaConf.to_container(node, resolve=True)
+        if base is not None:
+            plain = _loader().load_configuration(config_name="config", overrides=base, run_mode=mode)
+            for key in plain:
+                if key != "hydra" and key in cfg:
+                    check_shape(plain_value(plain[key]), plain_value(cfg[key]), key, SCHEMA)
     except (HydraException, OmegaConfBaseException, ValueError, TypeError, OverflowError, RecursionError,
             OSError) as exc:  # OSError: a group name longer than a file name may be
         text = " ".join(str(exc).split("\n")[0].split())  # Hydra adds hints and full-key lines below the first
@@ -762,7 +779,8 @@ def check_overrides(args: List[str]) -> None:
     known_choices = {g: v for g, v in choices.items() if all(x in group_options(g) for x in v)}
     try:
         # one composition: where it holds, every key it overrode exists (Hydra refuses a key that does not)
-        check_composition(trial, parsed.multirun)
+        base = [a for a, o in zip(parsed.overrides, overrides) if o.key_or_group in GROUPS and a in trial]
+        check_composition(trial, parsed.multirun, base)
     except UsageError:
         _check_known_keys(unknown, known_choices)  # an unknown key is named, with the closest known one
         raise

@@ -33,12 +33,14 @@ OmegaConf.register_new_resolver("mtbench_free_dir", free_dir, use_cache=True, re
 @hydra.main(version_base="1.3", config_path=str(conf_dir()), config_name="config")
 def hydra_app(cfg: DictConfig) -> float:
     from mtbench.campaign.repeats import run_repeats
+    from mtbench.device.budget import target_from_cfg
     from mtbench.results.console import print_summary
 
     hydra_cfg = HydraConfig.get()
     try:
         # the composed values (an experiment YAML sets them too) and every _target_, in the parent, before the job
         objective = check_composed(cfg)
+        target_from_cfg(cfg)  # a target value of the wrong kind: one line here, not a traceback in the job
         if cost_problem(cfg):  # objective=energy_time_cost_j without a max power to weigh time by
             raise UsageError(cost_problem(cfg))
         if cfg.get("resume", False):

@@ -1,6 +1,7 @@
 """Board targets (conf/target/): a Jetson's shared memory, the budget one training process gets, its peak figures."""
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, fields
 from typing import Any, Dict, Optional, Tuple, Union
@@ -56,11 +57,17 @@ class Target:
         for key in ("memory_total_bytes", "memory_budget_bytes", "cpu_cores"):
             values[key] = _whole(values[key], key)
         for key in ("peak_fp32_flops", "peak_fp16_flops", "dram_bandwidth_bytes_per_s"):
-            values[key] = None if values[key] is None else float(values[key])
+            values[key] = _rate(values[key], key)
         for key in ("description", "jetpack", "cuda", "python", "torch", "gpu_capability"):
+            if values[key] is not None and not isinstance(values[key], (str, int, float)):
+                raise UsageError(f"target.{key}={_shown(values[key])} is not a text; allowed: a text or null")
             values[key] = None if values[key] is None else str(values[key])
         types = values["cpu_types"]
         if types is not None and not isinstance(types, str):
+            listed = hasattr(types, "__iter__") and not hasattr(types, "keys")  # a list, also OmegaConf's
+            if not listed or any(not isinstance(t, str) for t in types):
+                raise UsageError(f"target.cpu_types={_shown(types)} is not a core type or a list of them; allowed: "
+                                 "e.g. cortex-a57 or [denver2, denver2, cortex-a57]")
             types = tuple(str(t) for t in types)
         values["cpu_types"] = types
         values["name"] = str(values["name"])
@@ -73,12 +80,37 @@ class Target:
         return out
 
 
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 and text.isprintable() else ascii(text[:57]) + "..."
+
+
+def _number(value: Any) -> Optional[float]:
+    """`value` as a finite number; None where it is none (a bool, a text, a list, inf or nan)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        return None
+    try:
+        number = float(value)
+    except (ValueError, OverflowError):
+        return None
+    return number if math.isfinite(number) else None
+
+
 def _whole(value: Any, key: str) -> Optional[int]:
     if value is None:
         return None
-    number = int(float(value))
-    if number != float(value) or number < 0:
-        raise UsageError(f"target.{key}={value!r} is not a whole number >= 0")
+    number = _number(value)
+    if number is None or number != int(number) or number < 0:
+        raise UsageError(f"target.{key}={_shown(value)} is not a whole number >= 0; allowed: such a number or null")
+    return int(number)
+
+
+def _rate(value: Any, key: str) -> Optional[float]:
+    if value is None:
+        return None
+    number = _number(value)
+    if number is None or number <= 0:
+        raise UsageError(f"target.{key}={_shown(value)} is not a number > 0; allowed: such a number or null")
     return number
 
 
