@@ -7,7 +7,7 @@ import os
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
@@ -148,15 +148,61 @@ def _read(path: Path) -> Optional[Calibration]:
         cal = Calibration(**{k: v for k, v in data.items() if k in Calibration.__dataclass_fields__})
     except TypeError as exc:  # a field missing
         raise ValueError(str(exc).replace("__init__() ", "")) from None
-    if not all(isinstance(getattr(cal, k), str) for k in ("key", "target", "device_type", "device_name", "created")):
-        raise ValueError("key, target, device_type, device_name and created must be strings")
-    if cal.time_coef is not None and (not isinstance(cal.time_coef, list) or len(cal.time_coef) != len(TIME_FEATURES)):
-        raise ValueError(f"time_coef must be a list of {len(TIME_FEATURES)} numbers")
-    numbers = list(cal.time_coef or []) + [cal.non_tensor_bytes or 0, cal.non_tensor_per_op_bytes,
-                                           cal.non_tensor_per_transient_byte]
-    if not all(isinstance(n, (int, float)) and not isinstance(n, bool) and math.isfinite(n) for n in numbers):
-        raise ValueError("time_coef and runtime_* must be finite numbers")
+    problem = _field_problem(cal)
+    if problem is not None:
+        raise ValueError(problem)
+    cal.non_tensor_note = "".join(c for c in cal.non_tensor_note if c.isprintable())  # no terminal escapes
     return cal
+
+
+def _finite(n: Any, minimum: Optional[float] = None) -> bool:
+    return isinstance(n, (int, float)) and not isinstance(n, bool) and math.isfinite(n) and \
+        (minimum is None or n >= minimum)
+
+
+def _whole(n: Any) -> bool:
+    return isinstance(n, int) and not isinstance(n, bool) and n >= 0
+
+
+def _field_problem(cal: Calibration) -> Optional[str]:
+    """Why `cal`'s fields are not what `mtbench calibrate` writes (each of its kind and range), None where they are:
+    a text or a number where a table belongs would give an empty prediction, a negative constant a negative peak."""
+    texts = ("key", "target", "device_type", "device_name", "created", "source", "non_tensor_note", "schema")
+    bad = [k for k in texts if not isinstance(getattr(cal, k), str)]
+    if bad:
+        return f"{bad[0]} must be a text"
+    if cal.device_type not in ("cpu", "cuda"):
+        return f"device_type {cal.device_type[:20]!r} is neither cpu nor cuda"
+    if cal.time_stat not in ("median", "min"):
+        return f"time_stat {str(cal.time_stat)[:20]!r} is neither median nor min"
+    if not isinstance(cal.time_scaled, bool):
+        return "time_scaled must be true or false"
+    for k in ("runs", "op_profiled_runs"):
+        if not _whole(getattr(cal, k)):
+            return f"{k} must be a whole number >= 0"
+    for k in ("non_tensor_bytes", "cache_bytes"):
+        if getattr(cal, k) is not None and not _whole(getattr(cal, k)):
+            return f"{k} must be a whole number of bytes >= 0, or null"
+    for k in ("non_tensor_per_op_bytes", "non_tensor_per_transient_byte", "non_tensor_per_conv_weight_byte"):
+        if not _finite(getattr(cal, k), 0.0):
+            return f"{k} must be a finite number >= 0"
+    for k in ("time_fit_mape_pct", "op_fit_mape_pct"):
+        if getattr(cal, k) is not None and not _finite(getattr(cal, k), 0.0):
+            return f"{k} must be a finite number >= 0, or null"
+    if cal.time_coef is not None and (not isinstance(cal.time_coef, list) or len(cal.time_coef) != len(TIME_FEATURES)
+                                      or not all(_finite(c) for c in cal.time_coef)):
+        return f"time_coef must be a list of {len(TIME_FEATURES)} finite numbers, or null"
+    if not isinstance(cal.op_features, list) or not all(isinstance(f, str) for f in cal.op_features):
+        return "op_features must be a list of feature names"
+    if cal.op_coef is not None and (not isinstance(cal.op_coef, list) or len(cal.op_coef) != len(cal.op_features)
+                                    or not all(_finite(c) for c in cal.op_coef)):
+        return "op_coef must be a list of finite numbers, one per op_features entry, or null"
+    spread = cal.runtime_spread_bytes
+    if spread is not None and (not isinstance(spread, list) or len(spread) != 2 or not all(_finite(b) for b in spread)):
+        return "runtime_spread_bytes must be [min, max] bytes, or null"
+    if not isinstance(cal.runs_used, list) or not all(isinstance(r, str) for r in cal.runs_used):
+        return "runs_used must be a list of texts"
+    return None
 
 
 def time_features(flops: float, bytes_moved: float, ops: float, peak_flops: Optional[float],

@@ -147,7 +147,7 @@ def calibrate(folder: Path, target: Optional[str] = None, out: Optional[str] = N
         cal.non_tensor_per_op_bytes, cal.non_tensor_per_transient_byte = float(c[1]), float(c[2])
         cal.non_tensor_per_conv_weight_byte = float(c[3])
     elif residuals:
-        cal.non_tensor_bytes = int(np.median(residuals))
+        cal.non_tensor_bytes = max(0, int(np.median(residuals)))  # memory outside tensors is never below none
     if residuals:
         cal.runtime_spread_bytes = [int(min(residuals)), int(max(residuals))]
         cal.non_tensor_note = ("fitted to measured training memory less traced tensors: " +
