@@ -236,6 +236,8 @@ class ProcessSampler:
         raise self._error
 
     def _finish(self) -> None:
+        """Close the socket and end the sampling process; never raises: a process slow to end on a loaded machine
+        (its exit after SIGKILL too) must not turn the job's result into an error."""
         try:
             self._conn.close()  # a sampling process still waiting reads EOF and ends
         except OSError:
@@ -244,7 +246,10 @@ class ProcessSampler:
             self._process.wait(timeout=2.0)
         except subprocess.TimeoutExpired:
             self._process.kill()
-            self._process.wait(timeout=2.0)
+            try:
+                self._process.wait(timeout=10.0)
+            except subprocess.TimeoutExpired:
+                pass  # killed: the kernel ends it; Popen reaps it at its next poll or when collected
 
 
 def _signal_name(number: int) -> str:
