@@ -127,6 +127,29 @@ def test_a_read_only_sweep_folder_is_one_line():
         shutil.rmtree(base)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("sweep", [False, True])
+def test_a_default_run_from_a_folder_this_user_cannot_write_is_one_line(sweep):
+    """Issue 51 item 10: the default results folder (outputs/ or multirun/ under the current folder) failed inside
+    Hydra's resolver with a traceback; now one line naming the folder and the way out."""
+    nobody = as_nobody()
+    base = Path(tempfile.mkdtemp(prefix="mtbench-ro-"))
+    try:
+        os.chmod(base, 0o755)  # root's: user nobody cannot write it
+        env = dict(os.environ, PYTHONPATH=str(REPO), HOME=str(base))
+        args = ["-m", "batch=1,2"] if sweep else ["batch=1"]
+        proc = subprocess.run([*nobody, sys.executable, "-m", "mtbench", "model=squeezenet", *args], cwd=str(base),
+                              env=env, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 2, proc.stderr
+        key, folder = ("hydra.sweep.dir", "multirun") if sweep else ("hydra.run.dir", "outputs")
+        assert one_line(proc) == (f"mtbench: error: the results go to {folder}/ in the current folder ({base}), which "
+                                  f"this user cannot write; allowed: run from a folder this user can write, or "
+                                  f"{key}=DIR")
+        assert os.listdir(base) == []
+    finally:
+        shutil.rmtree(base)
+
+
 def test_maxbatch_without_a_model_is_refused(tmp_path):
     line = one_line(mtbench_cli("maxbatch", "target=nano", "--out", str(tmp_path)))
     assert "maxbatch needs model=NAME" in line

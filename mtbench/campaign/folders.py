@@ -25,6 +25,13 @@ def claim_explicit_dirs(args: List[str]) -> None:
     folder = values.get(key)
     if folder is not None and "${" not in folder:  # an interpolation: the default's own claim (free_dir) applies
         _claim(Path(folder), key, resume)
+    elif folder is None:  # the default, under the current folder: said here, not in a traceback from its resolver
+        default = Path("multirun" if key == "hydra.sweep.dir" else "outputs")
+        try:
+            writable_folder(default, "")
+        except UsageError:
+            raise UsageError(f"the results go to {default}/ in the current folder ({os.getcwd()}), which this user "
+                             f"cannot write; allowed: run from a folder this user can write, or {key}=DIR") from None
 
 
 def _explicit(args: List[str]) -> Dict[str, str]:
