@@ -90,3 +90,44 @@ def test_an_explicit_run_folder_with_results_needs_resume(tmp_path, resume):
     assert again.returncode == (0 if resume else 2), again.stderr
     if resume:
         assert "holds this job's result" in again.stdout
+
+
+@pytest.fixture
+def full_disk(tmp_path):
+    """A file system with no room left: a 256 KiB tmpfs, filled (root and mount(2) needed, else a skip)."""
+    mount = tmp_path / "full"
+    mount.mkdir()
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mount)], capture_output=True,
+                          text=True)
+    if made.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here: {made.stderr.strip()[:120]}")
+    try:
+        fd = os.open(mount / "fill", os.O_WRONLY | os.O_CREAT, 0o600)
+        try:
+            while True:
+                os.write(fd, bytes(4096))
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], capture_output=True)
+
+
+def test_a_full_disk_at_start_is_one_line_and_leaves_no_claim(full_disk, monkeypatch):
+    """Issue 51 item 10: a run folder on a full file system ended in Hydra's traceback (its first write of the
+    config) and could leave a 0-byte claim; now one line before Hydra starts, for an explicit folder and the
+    default alike."""
+    from mtbench.campaign.folders import claim_explicit_dirs
+    from mtbench.errors import UsageError
+
+    with pytest.raises(UsageError, match=rf"hydra.run.dir={full_disk}/run cannot be written \(No space left on "
+                                         r"device\); allowed: a folder on a file system with room"):
+        claim_explicit_dirs([f"hydra.run.dir={full_disk}/run"])
+    assert os.listdir(full_disk / "run") == []  # no claim, no probe left
+    monkeypatch.chdir(full_disk)
+    with pytest.raises(UsageError, match=r"the results go to multirun/ in the current folder .*, which cannot be "
+                                         r"written \(No space left on device\)"):
+        claim_explicit_dirs(["-m", "batch=1,2"])
+    assert sorted(os.listdir(full_disk)) == ["fill", "run"]  # the default folder it made is gone again

@@ -2,9 +2,11 @@
 the next free name, an explicit one that holds another run's results is refused (unless resume=true)."""
 from __future__ import annotations
 
+import errno
 import json
 import os
 import socket
+import tempfile
 import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional
@@ -27,11 +29,20 @@ def claim_explicit_dirs(args: List[str]) -> None:
         _claim(Path(folder), key, resume)
     elif folder is None:  # the default, under the current folder: said here, not in a traceback from its resolver
         default = Path("multirun" if key == "hydra.sweep.dir" else "outputs")
+        made = not os.path.lexists(default)
         try:
             writable_folder(default, "")
         except UsageError:
             raise UsageError(f"the results go to {default}/ in the current folder ({os.getcwd()}), which this user "
                              f"cannot write; allowed: run from a folder this user can write, or {key}=DIR") from None
+        try:
+            check_room(default)
+        except OSError as exc:
+            if made:
+                os.rmdir(default)
+            raise UsageError(f"the results go to {default}/ in the current folder ({os.getcwd()}), which cannot be "
+                             f"written ({exc.strerror or exc}); allowed: a folder on a file system with room, or "
+                             f"{key}=DIR") from None
 
 
 def _explicit(args: List[str]) -> Dict[str, str]:
@@ -57,9 +68,30 @@ def _claim(folder: Path, key: str, resume: bool) -> None:
         return  # not a folder: Hydra's own check (and the command line's) says so in one line
     try:
         folder.mkdir(parents=True, exist_ok=True)
+        check_room(folder)
         _write_claim(folder)
-    except OSError:
-        return  # a folder that cannot be made: said in one line when the run tries to write there
+    except OSError as exc:  # a full disk: Hydra's first write of the config would end in a traceback
+        raise UsageError(f"{key}={folder} cannot be written ({exc.strerror or exc}); allowed: a folder on a file "
+                         "system with room that this user can write") from None
+
+
+ROOM_BYTES = 1 << 16  # what the first result files need at least: the config Hydra saves, the claim, the log
+
+
+def check_room(folder: Path) -> None:
+    """OSError where `folder` has no room for ROOM_BYTES (reserved with posix_fallocate, so a full file system says
+    so now, not at a later write; then removed)."""
+    fd, probe = tempfile.mkstemp(prefix=".mtbench-room-check-", dir=str(folder))
+    try:
+        try:
+            os.posix_fallocate(fd, 0, ROOM_BYTES)
+        except OSError as exc:
+            if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):  # a file system without it
+                raise
+            os.write(fd, bytes(ROOM_BYTES))
+    finally:
+        os.close(fd)
+        os.unlink(probe)
 
 
 def _write_claim(folder: Path) -> None:
