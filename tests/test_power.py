@@ -244,3 +244,28 @@ def test_a_mode_that_needs_a_reboot_is_not_applied_and_the_job_does_not_run(boar
            "power mode: 3); the board stays in mode 0" in message and "\n" not in message
     ctl.restore()
     assert files_of(board) == before
+
+
+@pytest.mark.parametrize("fields, says", [
+    ({"files": [1, 2]}, "is not a restore record (files must be [path, value] pairs of texts); remove it; not "
+                        "restored from it"),
+    ({"nvpmodel": "3; reboot"}, "is not a restore record (nvpmodel must be a mode id)"),
+    ({"nvml": [1]}, "is not a restore record (nvml must be a table of settings)"),
+    ({"nvpmodel": 3}, "restoring nvpmodel mode 3 failed: [Errno 2] No such file or directory: 'nvpmodel'"),
+])
+def test_a_malformed_job_record_is_one_line_never_a_traceback(board, tmp_path, monkeypatch, capsys, fields, says):
+    """Issue 51 item 10: a job's restore record with `"files": [1, 2]`, or an nvpmodel mode on a machine without
+    the nvpmodel program, raised out of the restore (a traceback after a job that died); each is one line."""
+    from mtbench.device import power_record
+
+    empty = tmp_path / "no-programs"
+    empty.mkdir()
+    monkeypatch.setenv("PATH", str(empty))
+    job = tmp_path / "job"
+    job.mkdir()
+    power_record.write(str(job / power.RECORD), {"root": str(board), "files": [], "nvpmodel": None, **fields})
+    before = files_of(board)
+    power.restore_left(job, str(board))
+    err = capsys.readouterr().err
+    assert says in err and err.count("\n") == 1, err
+    assert files_of(board) == before

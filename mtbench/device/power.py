@@ -370,10 +370,13 @@ def restore_record(record: Dict[str, Any]) -> None:
     """Put the device back as `record` says (nvpmodel mode, files, NVML); each failure said in one line."""
     root = str(record.get("root") or "/")
     if record.get("nvpmodel") is not None and fs.nvpmodel_mode(root) != record["nvpmodel"]:
-        proc = subprocess.run(["nvpmodel", "-m", str(record["nvpmodel"])], stdin=subprocess.DEVNULL,
-                              capture_output=True, text=True, timeout=120, env={**os.environ, ROOT_ENV: root})
-        if proc.returncode != 0:
-            say(f"restoring nvpmodel mode {record['nvpmodel']} failed (exit {proc.returncode})")
+        try:
+            proc = subprocess.run(["nvpmodel", "-m", str(record["nvpmodel"])], stdin=subprocess.DEVNULL,
+                                  capture_output=True, text=True, timeout=120, env={**os.environ, ROOT_ENV: root})
+            if proc.returncode != 0:
+                say(f"restoring nvpmodel mode {record['nvpmodel']} failed (exit {proc.returncode})")
+        except (OSError, subprocess.TimeoutExpired) as exc:  # no nvpmodel on PATH, or one that hangs
+            say(f"restoring nvpmodel mode {record['nvpmodel']} failed: {exc}")
     # cores online first (an offline core's cpufreq files may be absent), then the clocks; twice, as a max below
     # the current min (or a min above the max) may be refused until its partner is back
     files = sorted(record.get("files") or [], key=lambda f: not str(f[0]).endswith("/online"))

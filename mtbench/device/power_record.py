@@ -95,7 +95,29 @@ def read(path: str) -> Optional[Dict[str, Any]]:
     if not isinstance(record, dict):
         raise UsageError(f"the power restore file {path} is not a restore record (larger than 1 MiB, or not JSON); "
                          "remove it")
+    problem = shape_problem(record)
+    if problem is not None:
+        raise UsageError(f"the power restore file {path} is not a restore record ({problem}); remove it")
     return record
+
+
+def shape_problem(record: Dict[str, Any]) -> Optional[str]:
+    """Why `record` is not what this module writes (None where it is): root acts on each field."""
+    if not isinstance(record.get("root"), (str, type(None))):
+        return "root must be a folder"
+    mode = record.get("nvpmodel")
+    if mode is not None and (isinstance(mode, bool) or not isinstance(mode, int) or mode < 0):
+        return "nvpmodel must be a mode id"
+    files = record.get("files")
+    if files is not None and (not isinstance(files, list) or not all(
+            isinstance(f, list) and len(f) == 2 and all(isinstance(part, str) for part in f) for f in files)):
+        return "files must be [path, value] pairs of texts"
+    if not isinstance(record.get("nvml"), (dict, type(None))):
+        return "nvml must be a table of settings"
+    for key in ("pid", "start"):
+        if record.get(key) is not None and (isinstance(record[key], bool) or not isinstance(record[key], int)):
+            return f"{key} must be a whole number"
+    return None
 
 
 def write(path: str, record: Dict[str, Any]) -> None:
