@@ -9,12 +9,17 @@ import csv
 import importlib.util
 import json
 import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Dict, Set
 
+import psutil
 import pytest
 
-from tests.conftest import mtbench_cli
+from tests.conftest import REPO, mtbench_cli
 
 # two jobs of the smallest CNN (two are enough to see them take turns on the CPU's lock); one thread each, because
 # submitit_local starts both at once; no memory breakdown (its tracked step is tested elsewhere)
@@ -111,3 +116,56 @@ def test_ray_sweep_on_a_local_cluster_lands_on_the_board_resource(tmp_path, basi
     # one unit of `orin_nano` on the node: the jobs ran one after another, though 2 CPUs would allow two
     windows = sorted(step_window_s(job) for job in jobs_of(tmp_path).values())
     assert all(end <= next_start for (_, end), (next_start, _) in zip(windows, windows[1:])), windows
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not has_plugin("hydra_submitit_launcher"),
+                    reason="hydra-submitit-launcher is not installed (pip install -e '.[slurm]')")
+def test_sigterm_to_a_submitit_local_sweep_stops_its_jobs_and_nothing_outlives_it(tmp_path):
+    """Issue 51 item 2: `kill <mtbench's pid>` during a submitit_local sweep exited 143 at once with no line, and
+    both jobs (submitit's workers ignore SIGTERM) trained on under ppid 1 and finished "success". Now the jobs
+    record "terminated", the command says so, and no process it started outlives it."""
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    sweep = subprocess.Popen(
+        [sys.executable, "-m", "mtbench", "-m", "hydra/launcher=submitit_local", "hydra.launcher.timeout_min=10",
+         "allow_parallel=true", "model=squeezenet", "batch=1,2", "device=cpu", "warmup=0", "steps=100000",
+         "memory.breakdown=false", f"hydra.sweep.dir={tmp_path}", f"lock_dir={tmp_path}"],
+        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    tree: list = []
+    try:
+        deadline = time.monotonic() + 240
+        busy = 0.0
+        while busy < 3.0 and time.monotonic() < deadline and sweep.poll() is None:
+            time.sleep(0.2)
+            try:  # mtbench > submitit's local wrapper > its worker > the job's process (> its sampling process)
+                tree = psutil.Process(sweep.pid).children(recursive=True)
+                busy = max([p.cpu_times().user for p in tree] + [0.0])  # one job trains, one waits for the lock
+            except psutil.Error:
+                continue
+        assert busy >= 3.0, "no job trained"
+        tree = psutil.Process(sweep.pid).children(recursive=True)
+        sweep.send_signal(signal.SIGTERM)  # to mtbench alone, as `kill PID` does
+        _, err = sweep.communicate(timeout=180)
+        outliving = [p.pid for p in tree if _running(p)]
+    finally:
+        if sweep.poll() is None:
+            sweep.kill()
+            sweep.wait()
+        for proc in tree:  # the test's own leftovers, should the command have left any
+            try:
+                proc.kill()
+            except psutil.Error:
+                pass
+    assert sweep.returncode == 143 and "mtbench: terminated by SIGTERM" in err, err[-3000:]
+    assert outliving == [], err[-3000:]
+    summaries = [json.loads(p.read_text()) for p in tmp_path.rglob("summary.json")]
+    assert summaries and all(s["failure"]["kind"] == "terminated" for s in summaries), summaries
+    assert max(s["measured_steps"] for s in summaries) >= 1
+
+
+def _running(proc: psutil.Process) -> bool:
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+

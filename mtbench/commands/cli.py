@@ -127,11 +127,15 @@ def main(argv: Optional[List[str]] = None) -> None:
     except UsageError as exc:
         sys.exit(print_error(exc))
     sys.argv = [sys.argv[0]] + with_sweep_batches(args)
+    from mtbench.job import signals
+
+    signals.install_terminate_handlers()  # also while a launcher's workers run the jobs (submitit_local, joblib)
     try:
         hydra_app()
     except KeyboardInterrupt as exc:  # the job's summary already says "interrupted" (or "terminated")
         from mtbench.job.signals import exit_code, stop_signal
 
+        signals.stop_descendants(stop_signal(exc))  # a launcher's workers and their jobs: stopped, none outlives
         print(f"mtbench: {'interrupted' if stop_signal(exc) == 2 else 'terminated by ' + str(exc)}", file=sys.stderr)
         sys.exit(exit_code(exc))  # 130 for Ctrl-C, 143 for SIGTERM, 129 for SIGHUP, as a shell reports them
     finally:

@@ -86,3 +86,42 @@ def stop_signals_deferred() -> Iterator[None]:
             handler(signum, None)
         elif handler == signal.SIG_DFL:
             raise KeyboardInterrupt if signum == signal.SIGINT else Terminated(signum)
+
+
+def stop_descendants(signum: int, grace_s: float = 30.0) -> int:
+    """Pass `signum` to every process this one started that still runs (a launcher's workers and the jobs they
+    run: submitit_local, joblib), sampling processes left out (each job stops its own and keeps its samples); wait
+    up to `grace_s` for them to record their stop and end, then SIGKILL what remains (submitit's workers ignore
+    SIGTERM; a job dies with its worker). Returns how many had to be killed."""
+    import psutil
+
+    from mtbench.sampling.process import PROCESS_TITLE
+
+    def running() -> List[Any]:
+        try:
+            return psutil.Process().children(recursive=True)
+        except psutil.Error:
+            return []
+
+    def is_sampler(proc: Any) -> bool:
+        try:
+            return any(PROCESS_TITLE in part for part in proc.cmdline())
+        except psutil.Error:
+            return False
+
+    targets = [p for p in running() if not is_sampler(p)]
+    for proc in targets:
+        try:
+            proc.send_signal(signum)
+        except psutil.Error:
+            pass
+    psutil.wait_procs(targets, timeout=grace_s)
+    left = running()
+    for proc in left:
+        try:
+            proc.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(left, timeout=5.0)
+    return len(left)
+
