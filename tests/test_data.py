@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from mtbench.data.cifar10 import CIFAR10, TRAIN_FILES, load_train
+from mtbench.data.cifar10 import CIFAR10, load_train
+from mtbench.data.cifar10_files import TRAIN_FILES
 from mtbench.errors import DataError
 
 

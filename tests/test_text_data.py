@@ -9,7 +9,8 @@ import pytest
 from mtbench.data.base import BOS, EOS, UNK
 from mtbench.data.iwslt15 import IWSLT15
 from mtbench.data.shakespeare import Shakespeare
-from mtbench.data.squad import SQuAD, char_span_to_tokens
+from mtbench.data.squad import SQuAD
+from mtbench.data.squad_files import char_span_to_tokens
 from mtbench.data.text import build_vocab, tokenize
 from mtbench.errors import DataError
 

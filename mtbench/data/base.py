@@ -50,6 +50,7 @@ IMAGES = "images"  # CIFAR-10 pickles: (augmented 3xHxW float32, int64 label)
 CHARS = "chars"  # a plain text file: a window of seq_len + 1 characters (a str)
 PAIRS = "pairs"  # IWSLT15 train.<src> / train.<tgt>: (source tokens, target tokens), each a list of str
 SQUAD = "squad"  # SQuAD v1.1 JSON: one QAExample
+KIND_SOURCES = {IMAGES: "cifar10", CHARS: "shakespeare", PAIRS: "iwslt15", SQUAD: "squad"}  # the real set of each
 
 
 @dataclass
@@ -109,8 +110,6 @@ class DataSource:
 
     def pipeline_set(self, recipe: BatchRecipe, cache_dir: Optional[str]) -> PipelineSet:
         """The files data.loader=dataloader reads for `recipe.kind`, and a data set over them."""
-        from mtbench.data.sets import KIND_SOURCES
-
         raise UsageError(f"data.loader=dataloader: data={self.name} has no {recipe.kind} files to read; allowed: "
                          f"data.loader=preloaded, or data={KIND_SOURCES.get(recipe.kind, 'synthetic')} / data=synthetic")
 

@@ -18,7 +18,7 @@ from typing import Callable, Dict, List
 
 import numpy as np
 
-from mtbench.data.cifar10 import META_FILE, TRAIN_FILES
+from mtbench.data.cifar10_files import META_FILE, TRAIN_FILES
 from mtbench.errors import DataError
 from mtbench.regular_files import write_whole
 

@@ -9,19 +9,16 @@ from typing import Any, Callable, List, Tuple
 import numpy as np
 import torch
 
-from mtbench.data.base import CHARS, IMAGES, PAIRS, SQUAD, BatchRecipe, PipelineSet
-from mtbench.data.cifar10 import META_FILE, TRAIN_FILES, load_train
+from mtbench.data.base import CHARS, PAIRS, BatchRecipe, PipelineSet
+from mtbench.data.cifar10_files import MEAN, META_FILE, STD, TRAIN_FILES, load_train
 from mtbench.data.text import read_text
 from mtbench.errors import DataError, UsageError
 
-KIND_SOURCES = {IMAGES: "cifar10", CHARS: "shakespeare", PAIRS: "iwslt15", SQUAD: "squad"}  # the real set of each
 
 
 def cifar_train_transform(image_size: int = 32) -> Tuple[Callable[[torch.Tensor], torch.Tensor], str]:
     """The CIFAR-10 training transforms on one 3x32x32 uint8 tensor, and the module that made them:
     torchvision.transforms.v2 where it has ToDtype (torchvision >= 0.16), else torchvision.transforms."""
-    from mtbench.data.cifar10 import MEAN, STD
-
     try:
         from torchvision.transforms import v2 as T
 
@@ -98,7 +95,7 @@ class SquadItems(torch.utils.data.Dataset):
     """SQuAD v1.1 JSON's examples whose answer lies in their context (the existing parser and its errors)."""
 
     def __init__(self, path: str) -> None:
-        from mtbench.data.squad import parse_squad
+        from mtbench.data.squad_files import parse_squad
 
         self.examples, _ = parse_squad(read_text(path, "data.path"), path)
 

@@ -7,7 +7,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from mtbench.config import NOT_MEASURED_KEYS
 from mtbench.report.jobs import board_of, boards, has_batch, varying_keys
-from mtbench.results.loggers import flat_config
+from mtbench.results.logger_rows import flat_config
 from mtbench.results.repeat_group import group_summary
 
 NOT_RECORDED = "not recorded"  # a job whose summary has no config (an old one): what its settings are is unknown

@@ -16,7 +16,7 @@ from typing import Any, Dict, Iterator, List, Mapping
 
 from mtbench.regular_files import GIB, read_regular
 from mtbench.results.files import atomic_write_bytes
-from mtbench.results.loggers import StepRow, flat_config, run_name, summary_metrics
+from mtbench.results.logger_rows import StepRow, flat_config, run_name, summary_metrics
 
 MLFLOW_BATCH = {"metrics": 1000, "params": 100}  # MLflow's log_batch limits per call
 MLFLOW_PARAM_CHARS = 6000  # MLflow's limit on a param's value (its key: 250)
