@@ -242,7 +242,7 @@ def test_values_are_refused_under_python_dash_O(override):
 
     from tests.conftest import REPO
 
-    code = ("import sys; from mtbench.config import check_overrides; from mtbench.errors import UsageError\n"
+    code = ("import sys; from mtbench.config_overrides import check_overrides; from mtbench.errors import UsageError\n"
             f"try:\n    check_overrides([{override!r}])\nexcept UsageError as exc:\n    print(exc); sys.exit(2)\n")
     proc = subprocess.run([sys.executable, "-O", "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120,
                           env=dict(__import__("os").environ, PYTHONPATH=str(REPO)))

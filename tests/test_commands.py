@@ -103,7 +103,7 @@ def test_an_interval_from_an_experiment_yaml_is_checked_before_the_job(tmp_path)
     if "is not known" in proc.stderr:  # the search path does not add experiment options to this Hydra: ask directly
         from omegaconf import OmegaConf
 
-        from mtbench.config import check_composed
+        from mtbench.config_overrides import check_composed
         from mtbench.errors import UsageError
 
         with pytest.raises(UsageError, match="out of range; allowed: 1 to 1000 ms"):

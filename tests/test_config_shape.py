@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from mtbench.config import check_overrides
+from mtbench.config_overrides import check_overrides
 from mtbench.device.targets import Target, load_target
 from mtbench.errors import UsageError
 from tests.conftest import mtbench_cli

@@ -9,7 +9,7 @@ from hydra import compose
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
-from mtbench.config import check_overrides
+from mtbench.config_overrides import check_overrides
 from mtbench.config import group_options
 from mtbench.errors import UsageError
 

@@ -17,7 +17,7 @@ from omegaconf import OmegaConf
 
 from mtbench.campaign import power_hold
 from mtbench.campaign.resume import energy_time_cost_j, objective_value
-from mtbench.config import check_overrides
+from mtbench.config_overrides import check_overrides
 from mtbench.device import power, power_record
 from mtbench.errors import UsageError
 from tests.conftest import REPO

@@ -129,7 +129,7 @@ def test_targets_in_lists_are_checked():
     ("+hydra.job_logging.handlers.x.class=subprocess.Popen", "not a class of the logging package"),
 ])
 def test_hydra_nodes_that_would_run_code_are_refused(override, needle):
-    from mtbench.config import check_overrides
+    from mtbench.config_overrides import check_overrides
 
     with pytest.raises(UsageError) as err:
         check_overrides([override])
@@ -141,7 +141,7 @@ def test_hydra_nodes_that_would_run_code_are_refused(override, needle):
 def test_hydra_nodes_as_shipped_pass(override):
     pytest.importorskip("hydra_plugins.hydra_optuna_sweeper")
     pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
-    from mtbench.config import check_overrides
+    from mtbench.config_overrides import check_overrides
 
     check_overrides(["-m", override])
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from mtbench.campaign.resume import objective_value
-from mtbench.config import check_overrides
+from mtbench.config_overrides import check_overrides
 from mtbench.errors import UsageError
 from mtbench.report.build import make_report
 from mtbench.results.console import print_summary

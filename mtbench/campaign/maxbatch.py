@@ -291,7 +291,7 @@ def run(args: argparse.Namespace, prober: Optional[Callable[[List[str], int, Pat
     """Searches each model; prints a table, writes maxbatch.json; exit status 0, or 1 when a search stopped on an
     error. A bad argument raises UsageError (before any probe)."""
     _check(args)
-    from mtbench.config import check_overrides
+    from mtbench.config_overrides import check_overrides
 
     models = _models(args.overrides, args.multirun)
     check_overrides((["-m"] if args.multirun else []) + args.overrides)

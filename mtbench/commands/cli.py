@@ -18,7 +18,8 @@ from mtbench.campaign.folders import claim_explicit_dirs, free_dir
 from mtbench.campaign.power_hold import SWEEP
 from mtbench.campaign.resume import cost_problem, finished_summary, objective_value
 from mtbench.commands import registry
-from mtbench.config import GROUPS, check_composed, check_overrides, check_targets, conf_dir, group_options
+from mtbench.config import GROUPS, check_targets, conf_dir, group_options
+from mtbench.config_overrides import check_composed, check_overrides
 from mtbench.errors import UsageError, print_error
 from mtbench.regular_files import folder_problem
 

@@ -13,7 +13,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from mtbench.config import check_overrides
+    from mtbench.config_overrides import check_overrides
     from mtbench.report.catalog import print_models
     from mtbench.report.flop_cache import FlopCache
 
