@@ -9,6 +9,7 @@ from typing import List
 import pytest
 
 from mtbench.campaign import maxbatch
+from mtbench.commands import maxbatch as maxbatch_command
 from mtbench.campaign.maxbatch import Probe, search
 from tests.conftest import mtbench_cli, needs_predictor
 
@@ -63,7 +64,7 @@ def test_main_runs_each_model_prints_a_table_and_writes_maxbatch_json(tmp_path, 
         model = overrides[0].split("=", 1)[1]
         return fake_board(capacities[model])(batch)
 
-    code = maxbatch.main(["-m", "model=alexnet,squeezenet", "target=nano", "device=cpu", "--out", str(tmp_path)],
+    code = maxbatch_command.main(["-m", "model=alexnet,squeezenet", "target=nano", "device=cpu", "--out", str(tmp_path)],
                          prober=prober)
     assert code == 0
     doc = json.loads((tmp_path / "maxbatch.json").read_text())
@@ -84,7 +85,7 @@ def test_main_runs_each_model_prints_a_table_and_writes_maxbatch_json(tmp_path, 
     (["model=alexnet", "target=nano", "--limit", "0"], "allowed: 1 <= start <= limit"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, needle, tmp_path, capsys):
-    assert maxbatch.main(args + ["--out", str(tmp_path)], prober=lambda *a: pytest.fail("probed")) == 2
+    assert maxbatch_command.main(args + ["--out", str(tmp_path)], prober=lambda *a: pytest.fail("probed")) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("mtbench: error: ") and needle in err and len(err.splitlines()) == 1
 
@@ -113,7 +114,7 @@ def test_a_memory_plan_is_searched_beside_plain_training(tmp_path, capsys):
         probe.plan = "recompute/auto+microbatch/2" if overrides[-1].endswith("auto") else "none"
         return probe
 
-    code = maxbatch.main(["model=resnet50", "memory.budget_gb=1", "memory.plan=auto", "device=cpu",
+    code = maxbatch_command.main(["model=resnet50", "memory.budget_gb=1", "memory.plan=auto", "device=cpu",
                           "--out", str(tmp_path)], prober=prober)
     assert code == 0
     doc = json.loads((tmp_path / "maxbatch.json").read_text())
@@ -138,7 +139,7 @@ def test_search_guided_starts_at_the_prediction_and_confirms_it_in_few_probes(tm
         return 39, ""
 
     monkeypatch.setattr(maxbatch, "predicted_max_batch", predicted)
-    code = maxbatch.main(["model=alexnet", "target=nano", "device=cpu", "maxbatch.search=guided",
+    code = maxbatch_command.main(["model=alexnet", "target=nano", "device=cpu", "maxbatch.search=guided",
                           "--out", str(tmp_path)], prober=prober)
     # a small probe first (the batch the prediction traces first), whose training memory shifts the prediction
     assert code == 0 and seen[:2] == [8, 39] and len(seen) <= 4  # the small probe, then <= 3 from the prediction
@@ -156,14 +157,14 @@ def test_search_guided_without_a_prediction_runs_the_full_search(tmp_path, monke
         return fake_board(40)(batch)
 
     monkeypatch.setattr(maxbatch, "predicted_max_batch", lambda *a: (None, "no prediction (a reason)"))
-    code = maxbatch.main(["model=alexnet", "target=nano", "--search", "guided", "--out", str(tmp_path)],
+    code = maxbatch_command.main(["model=alexnet", "target=nano", "--search", "guided", "--out", str(tmp_path)],
                          prober=prober)
     assert code == 0 and seen[:4] == [8, 2, 4, 16]  # the small probe, then the full search's doubling (8 known)
     assert "predicted max batch: no prediction (a reason)" in capsys.readouterr().out
 
 
 def test_search_must_be_full_or_guided(tmp_path, capsys):
-    code = maxbatch.main(["model=alexnet", "target=nano", "--search", "fast", "--out", str(tmp_path)],
+    code = maxbatch_command.main(["model=alexnet", "target=nano", "--search", "fast", "--out", str(tmp_path)],
                          prober=lambda *a: pytest.fail("probed"))
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and "fast" in err[0] and "guided" in err[0]
@@ -194,7 +195,7 @@ def test_guided_probes_train_after_the_real_prediction(tmp_path):
 def test_search_guided_whose_small_probe_does_not_fit_runs_the_full_search_below_it(tmp_path, monkeypatch, capsys):
     seen: List[int] = []
     monkeypatch.setattr(maxbatch, "predicted_max_batch", lambda *a: pytest.fail("predicted"))
-    code = maxbatch.main(["model=alexnet", "target=nano", "--search", "guided", "--out", str(tmp_path)],
+    code = maxbatch_command.main(["model=alexnet", "target=nano", "--search", "guided", "--out", str(tmp_path)],
                          prober=lambda overrides, batch, out_dir: fake_board(5, calls=seen)(batch))
     doc = json.loads((tmp_path / "maxbatch.json").read_text())["models"][0]
     assert code == 0 and doc["max_batch"] == 5 and seen[:3] == [8, 2, 4] and seen.count(8) == 1, seen
@@ -207,7 +208,7 @@ def test_an_output_folder_it_cannot_write_is_refused_before_the_first_probe(tmp_
     afile = tmp_path / "taken"
     afile.write_text("x")
     out = {"an existing file": afile, "under a file": afile / "sub", "/proc": "/proc/mtbench-maxbatch"}[where]
-    code = maxbatch.main(["model=alexnet", "target=nano", "--out", str(out)], prober=lambda *a: pytest.fail("probed"))
+    code = maxbatch_command.main(["model=alexnet", "target=nano", "--out", str(out)], prober=lambda *a: pytest.fail("probed"))
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1, err
     assert err.startswith(f"mtbench: error: --out '{out}' is not a folder this user can write")

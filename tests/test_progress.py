@@ -295,7 +295,7 @@ def test_dated_dirs_are_made_at_once_and_never_shared(tmp_path, monkeypatch):
 def test_maxbatch_and_predict_default_to_the_scheme_and_say_where(tmp_path, monkeypatch, capsys):
     import re
 
-    from mtbench.campaign import maxbatch
+    from mtbench.commands import maxbatch
     from mtbench.commands.predict import main_predict
     from tests.test_memory_maxbatch import fake_board
 

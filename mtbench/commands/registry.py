@@ -23,8 +23,8 @@ class Subcommand:
 
 SUBCOMMANDS = (
     Subcommand("models", "list the benchmark models: parameters, GFLOP per sample, input", "mtbench.commands.models"),
-    Subcommand("report", "tables and figures of finished runs and sweeps, keyed by board", "mtbench.report.build"),
-    Subcommand("maxbatch", "the largest batch that trains within a target's memory budget", "mtbench.campaign.maxbatch"),
+    Subcommand("report", "tables and figures of finished runs and sweeps, keyed by board", "mtbench.commands.report"),
+    Subcommand("maxbatch", "the largest batch that trains within a target's memory budget", "mtbench.commands.maxbatch"),
     Subcommand("predict", "predict peak memory and step time of a job without running it", "mtbench.commands.predict"),
     Subcommand("calibrate", "fit the predictor's time and runtime-memory model to a finished sweep",
                "mtbench.commands.calibrate"),

@@ -1,7 +1,6 @@
 """`mtbench report DIR [DIR ...]`: the command, its arguments and where the report goes."""
 from __future__ import annotations
 
-import argparse
 import os
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
@@ -79,28 +78,3 @@ def default_out(roots: List[Path]) -> Path:
     if common == Path(common.anchor):
         raise UsageError(f"report: {' '.join(str(r) for r in roots)} share no parent folder; give --out DIR")
     return common / "report"
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """`mtbench report DIR [DIR ...] [--out OUT]`."""
-    parser.usage = "mtbench report DIR [DIR ...] [--out OUT]"
-    parser.description = ("Writes report.html, summary.csv, README.md and figures of every job (summary.json) under "
-                          "each DIR, a run or multirun folder, keyed by the board each job ran on (several DIRs: e.g. "
-                          "one sweep per board). See docs/reports.md.")
-    parser.add_argument("dirs", nargs="*", metavar="DIR", help="a run or multirun folder (searched recursively)")
-    parser.add_argument("--out", nargs="?", const="", default=None, metavar="OUT",
-                        help="where the report goes (default: DIR/report/ for one DIR, the DIRs' common parent's "
-                             "report/ for several)")
-
-
-def run(args: argparse.Namespace) -> int:
-    unknown = [d for d in args.dirs if d.startswith("-")]
-    if unknown:
-        raise UsageError(f"report: unknown option {unknown[0]!r}; allowed: --out OUT, --help")
-    if args.out == "":
-        raise UsageError("report: --out needs a folder (mtbench report DIR [DIR ...] --out OUT)")
-    if not args.dirs:
-        raise UsageError("report: give at least one run or multirun folder (mtbench report DIR [DIR ...])")
-    out = make_report([Path(d) for d in args.dirs], Path(args.out) if args.out else None)
-    print(f"report written to {out}")
-    return 0
