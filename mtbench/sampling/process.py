@@ -1,32 +1,20 @@
 """The sampler in a small process of its own, so that no lock of the training process (its GIL) can stall it.
 
-The sampling process is a fresh Python interpreter (started before the job builds its model) that imports
-mtbench.sampling and numpy only: no torch, and none of the training process's memory. A fork would have been
-quicker to start (~0.2 s less) but keeps the training process's pages copy-on-write: every page the training
-then writes is copied for it (90 MB after five steps of a small model, up to the ~370 MB that importing torch
-makes), memory that a Jetson, whose GPU shares the DRAM, would lack. It opens the sensors itself (jtop's client
-thread and NVML's handles belong to the process that opened them) and runs the existing `Sampler` loop; at
-`stop()` it decodes the samples and hands them back in bulk through a socket pair. Step marks stay in the
-training process: CLOCK_MONOTONIC is one clock for every process of the machine.
+The sampling process is a fresh Python interpreter (started before the job builds its model, not forked: a fork
+would share the training's pages copy-on-write) that imports mtbench.sampling and numpy only. It opens the
+sensors itself (jtop's client thread and NVML's handles belong to the process that opened them), runs the
+`Sampler` loop, and at `stop()` decodes the samples and hands them back in bulk through a socket pair. Step marks
+stay in the training process: CLOCK_MONOTONIC is one clock for every process of the machine.
 
-The live line's watts (`latest_power_w()`, asked between steps at most every REFRESH_S of results/live.py) come
-through the same socket without the training process ever waiting: each call reads the answer already there
-(`poll(0)`), then sends one ("power",) request if none is outstanding, and returns the newest answer; so the
-watts lag by one call (one refresh, or one step where steps are longer). The sampling process's command thread
-answers at once with `Sampler.latest_power_w()`: it decodes the samples taken since the last answer of the
-sensors that give the total power, and only those (the rest wait for `stop()`; each sample is decoded once).
-That thread runs at the raised priority, as the loop thread does, so the answer preempts the training for the
-decode (a few microseconds a sample; a refresh holds ~50 samples at 5 ms) and the loop thread's next read may
-wait that long for the GIL; docs/commands.md ("The live line") has the figure. Without a total power rail the
-training process asks nothing.
+The live line's watts (`latest_power_w()`) never make the training process wait: each call reads the answer
+already there (`poll(0)`), sends one ("power",) request if none is outstanding, and returns the newest answer (so
+the watts lag by one call). The sampling process's command thread answers at once with
+`Sampler.latest_power_w()`, decoding only the samples of the sensors that give the total power.
 
-A process of its own is not enough on a busy CPU: with both cores training, the scheduler let it wake 5-15 ms
-late (89 % of the asked samples, p99 13 ms on a 2-core machine). So its sampling thread asks for the lowest
-real-time priority (SCHED_FIFO 1: it preempts the training's threads the moment its period comes, then sleeps
-again after ~0.1 ms), else for nice -10; without the privilege (CAP_SYS_NICE, root) it runs as it is. What it
-got is in `stats()["priority"]`. The decoding at `stop()` runs at normal priority again. What each wake-up
-costs is taken from the training, so the loop does little: the sensors' reads (procfs: three preads and a CPU
-clock), no parsing, and no garbage collection while it samples (nothing in it makes reference cycles).
+Its sampling thread asks for the lowest real-time priority (SCHED_FIFO 1), else for nice -10, else runs as it is;
+what it got is in `stats()["priority"]`. The loop does little (the sensors' reads, no parsing, no garbage
+collection while it samples); decoding at `stop()` runs at normal priority. Why, with the figures:
+docs/measurement.md "Why the sampler runs in a process of its own".
 
 A sampling process that dies or stops answering raises `SamplerError`, never a hang and never an empty result.
 """
