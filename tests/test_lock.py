@@ -228,3 +228,18 @@ def test_a_live_holder_is_named_and_the_time_waited_is_said(tmp_path, capsys):
 def test_lock_timeout_s_is_checked_as_any_setting():
     with pytest.raises(UsageError, match=r"lock_timeout_s=-1 is not allowed; allowed: null or a number of seconds"):
         DeviceLock(torch.device("cpu"), "wait", "/tmp", timeout_s=-1)
+
+
+@pytest.mark.slow
+def test_a_data_source_that_cannot_be_made_is_refused_before_waiting_for_the_device(tmp_path):
+    """Issue 52 item 5: data=cifar10 without data.root waited for another job's device first, then failed."""
+    from tests.conftest import mtbench_cli
+
+    fd = _held(tmp_path, b"")
+    try:
+        proc = mtbench_cli("model=squeezenet", "data=cifar10", "device=cpu", "steps=1", "warmup=0",
+                           f"lock_dir={tmp_path}", "lock_timeout_s=120", f"hydra.run.dir={tmp_path / 'run'}")
+    finally:
+        os.close(fd)
+    assert proc.returncode == 2, proc.stderr
+    assert "data=cifar10 needs data.root=DIR" in proc.stderr and "waiting for cpu" not in proc.stderr, proc.stderr

@@ -46,8 +46,7 @@ class Job:
         self.cfg = cfg
         # memory.* (checked here); sets the CUDA allocator's expandable_segments before CUDA starts in this process
         self.planner = Planner(cfg)
-        # tells a parent process what it needs to write this job's summary should the job's process die
-        self.notify = notify or (lambda kind, payload: None)
+        self.notify = notify or (lambda kind, payload: None)  # what a parent needs should this process die
         self.out_dir = Path(out_dir)
         self.spec = JobSpec.from_cfg(cfg)
         self.interval_ms = setting(cfg, "sampler.interval_ms")
@@ -55,6 +54,7 @@ class Job:
         self.power = PowerControl(cfg, self.out_dir, self.device)  # power.*: checked here, applied in run()
         self.started_at = record.utc_now()  # summary.json's started_at (UTC); finished_at is stamped when written
         self.until = TargetRun(cfg, self.spec.batch_size)  # until.*: checked here; the checks run between steps
+        instantiate(cfg.data, "data")  # a source that cannot be made (no data.root) is said before any device wait
         self.failure: Optional[Dict[str, str]] = None
         self.durations: List[float] = []
         self.losses: Dict[int, Dict[str, float]] = {}  # step index -> the losses its step returned, by name
