@@ -221,8 +221,32 @@ def test_a_live_holder_is_named_and_the_time_waited_is_said(tmp_path, capsys):
     lock.acquire()
     lock.release()
     err = capsys.readouterr().err.strip().splitlines()
-    assert err[0].startswith(f"mtbench: waiting for cpu: another mtbench job (pid {os.getpid()}) is measuring it")
+    assert err[0].startswith(f"mtbench: waiting for cpu: another mtbench job (pid {os.getpid()}: ")
     assert err[1].startswith("mtbench: cpu is free after ") and err[1].endswith(" s of waiting")
+
+
+def test_the_holders_command_is_named_in_printable_characters(tmp_path, capsys):
+    """Issue 52 item 5: the waiting line names the holder's command (the kernel's, printable characters only: a
+    command line is any user's text)."""
+    import subprocess
+    import sys
+    import threading
+
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "\x1b[31mred"])
+    try:
+        fd = _held(tmp_path, str(holder.pid).encode())
+        threading.Timer(0.5, os.close, args=(fd,)).start()
+        lock = DeviceLock(torch.device("cpu"), "wait", str(tmp_path), timeout_s=30)
+        lock.acquire()
+        lock.release()
+    finally:
+        holder.kill()
+        holder.wait()
+    err = capsys.readouterr().err.strip().splitlines()
+    command = f"{sys.executable} -c import time; time.sleep(60) [31mred"
+    command = command if len(command) <= 100 else command[:100] + "..."
+    assert err[0] == (f"mtbench: waiting for cpu: another mtbench job (pid {holder.pid}: {command}) is measuring it, "
+                      "at most 30 s (lock_timeout_s)")
 
 
 def test_lock_timeout_s_is_checked_as_any_setting():

@@ -66,18 +66,20 @@ class DeviceLock:
             os.pwrite(self.fd, str(os.getpid()).encode(), 0)
 
     def _holder(self) -> str:
-        """"pid N" where the lock file names a process that is alive, else "pid unknown": the file may be another
-        user's, and its text (terminal escapes, say) is never printed."""
+        """"pid N: its command" where the lock file names a process that is alive, else "pid unknown": the file may
+        be another user's, and its text (terminal escapes, say) is never printed; the command is the kernel's
+        (/proc/N/cmdline), printable characters only, cut at 100."""
         assert self.fd is not None
         raw = os.pread(self.fd, 32, 0).strip()
         if raw.isdigit() and 0 < int(raw) < 2**22:  # the kernel's largest pid
             try:
                 os.kill(int(raw), 0)
             except PermissionError:  # another user's process: alive
-                return f"pid {int(raw)}"
+                pass
             except OSError:
                 return "pid unknown"
-            return f"pid {int(raw)}"
+            command = _command(int(raw))
+            return f"pid {int(raw)}: {command}" if command else f"pid {int(raw)}"
         return "pid unknown"
 
     def _wait(self) -> float:
@@ -161,4 +163,16 @@ class DeviceLock:
             os.close(self.fd)  # closing the descriptor drops the flock
             self.fd = None
 
+
+def _command(pid: int, limit: int = 100) -> str:
+    """Process `pid`'s command line as the kernel has it, printable characters only, cut at `limit`; "" where it
+    cannot be read."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            raw = f.read(4096)
+    except OSError:
+        return ""
+    text = " ".join(part.decode("utf-8", "replace") for part in raw.split(b"\0") if part)
+    text = "".join(c for c in text if c.isprintable())
+    return text if len(text) <= limit else text[:limit] + "..."
 
