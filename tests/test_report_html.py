@@ -358,3 +358,25 @@ def test_power_bars_of_several_boards_keep_their_labels_apart(tmp_path, saved):
     assert len(set(texts)) == len(texts) == 9 and sum("@ orin-1" in t for t in texts) == 3
     boxes = [t.get_window_extent(renderer) for t in labels]
     assert not any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1:])
+
+
+def test_a_noisy_job_is_flagged_beside_its_figures_in_every_table(tmp_path):
+    """Issue 52 item 5: a loaded cores sweep showed 3.08 s against 0.07 s as results, its NOISY flag (summary.json)
+    nowhere in the report. The job's row says NOISY with the reason, and a section lists each noisy job."""
+    why = "other processes kept 60 % of the machine's CPU busy during the measured steps (> 10 %)"
+    noisy = {**fake_summary("resnet50", 2, 3.08, [40.0, 60.0]),
+             "noise": {"noisy": True, "step_cv": 0.01, "reasons": [why], "busy_other_pct": 60.0}}
+    quiet = {**fake_summary("resnet50", 4, 0.07, [45.0, 65.0]),
+             "noise": {"noisy": False, "step_cv": 0.01, "reasons": [], "busy_other_pct": 1.0}}
+    root = write_jobs(tmp_path / "sweep", [noisy, quiet])
+    out = make_report(root)
+    page = (out / "report.html").read_text()
+    rows = re.findall(r"<tr[^>]*>.*?</tr>", page)
+    flagged = [r for r in rows if "NOISY" in r]
+    assert len(flagged) == 1 and "3.0800" in flagged[0] and flagged[0].startswith("<tr class=noisy>")
+    assert unescape(f"NOISY: {why}") in unescape(page) and '<section id="noisy">' in page
+    readme = (out / "README.md").read_text()
+    table = [line for line in readme.splitlines() if line.startswith("| ") and "resnet50" in line]
+    assert [("**NOISY**" in line, "3.0800" in line) for line in table] in ([(True, True), (False, False)],
+                                                                          [(False, False), (True, True)])
+    assert "## Noisy jobs" in readme and why in readme

@@ -12,7 +12,8 @@ from urllib.parse import quote
 from mtbench.regular_files import MIB, read_regular
 from mtbench.report.jobs import NOT_MEASURED, board_of, board_source, boards, job_folder, value_at
 from mtbench.report.spread import Point, point
-from mtbench.report.tables import jetson_cell, plan_cell
+from mtbench.report.tables import jetson_cell, noisy_jobs, plan_cell
+from mtbench.results.console import noise_line
 from mtbench.results.files import atomic_write
 
 FIGURE_LIMIT_BYTES = 64 * MIB
@@ -62,6 +63,7 @@ th { background: #eee; cursor: pointer; user-select: none; }
 th[aria-sort=ascending]::after { content: " \\25B2"; }
 th[aria-sort=descending]::after { content: " \\25BC"; }
 tr.failed td { background: #fdecea; }
+tr.noisy td { background: #fff8e1; }
 figure { margin: 0 0 1.5em 0; }
 figure img { max-width: 100%; border: 1px solid #ddd; }
 figcaption, .note { font-size: 0.8em; color: #555; }
@@ -135,6 +137,8 @@ def _row(job: Dict[str, Any], out: Path) -> str:
     result = "ok" if job.get("success") else str(failure.get("kind") or "failed")
     if job.get("_unreadable"):
         result += f" (unreadable: {', '.join(job['_unreadable'])})"
+    noisy = noise_line(job)
+    result += f", NOISY: {noisy}" if noisy else ""
     step, rate = point(job, "step_time"), point(job, "throughput")
     mem = value_at(job, "mem_peak_bytes")
     folder = job_folder(job)
@@ -150,7 +154,8 @@ def _row(job: Dict[str, Any], out: Path) -> str:
         (*_num(mem / 2**20 if mem is not None else None, ".1f"), ""),
         (escape(str(job.get("mem_peak_source") or "n/a")), "", "text"), (escape(plan_cell(job)), "", "text"),
         (f'<a href="{_href(folder / "summary.json", out)}">summary.json</a>', "", "text")]
-    return f'<tr{"" if job.get("success") else " class=failed"}>{"".join(_cell("td", *c) for c in cells)}</tr>'
+    row_class = " class=failed" if not job.get("success") else " class=noisy" if noisy else ""
+    return f'<tr{row_class}>{"".join(_cell("td", *c) for c in cells)}</tr>'
 
 
 def _cell(tag: str, inner: str, sort: str = "", cls: str = "", title: str = "") -> str:
@@ -195,6 +200,11 @@ def page(jobs: List[Dict[str, Any]], figures: Sequence[str], not_measured: Seque
             body.append(f"<li>{escape(str(j['_dir']))}: {escape(str(f.get('kind')))}: "
                         f"{escape(str(f.get('message')))}</li>")
         body.append("</ul></section>")
+    noisy = noisy_jobs(jobs)
+    if noisy:
+        body += ['<section id="noisy"><h2>Noisy jobs</h2><p class="note">Their figures were measured while '
+                 'something disturbed them; compare them with care.</p><ul>',
+                 *[f"<li>{escape(d)}: NOISY: {escape(why)}</li>" for d, why in noisy], "</ul></section>"]
     if unreadable:
         body += ['<section id="unreadable"><h2>Unreadable summaries</h2><ul>',
                  *[f"<li>{escape(u['_dir'])}: {escape(u['reason'])}</li>" for u in unreadable], "</ul></section>"]

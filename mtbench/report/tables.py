@@ -5,9 +5,15 @@ import re
 from urllib.parse import quote
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from mtbench.results.console import cpu_by_core_type, core_types_line
+from mtbench.results.console import cpu_by_core_type, core_types_line, noise_line
 from mtbench.results.reader import unreadable_text
 from mtbench.report.jobs import NOT_MEASURED, board_of, board_source, boards, flatten, has_batch, value_at
+
+
+def noisy_jobs(jobs: List[Dict[str, Any]]) -> List[Tuple[str, str]]:
+    """(folder, why) of each job whose measurement summary.json flags as noisy (steps that vary, other busy
+    processes): its figures stand beside the flag, never alone."""
+    return [(str(j["_dir"]), why) for j in jobs for why in [noise_line(j)] if why]
 
 
 def plan_cell(job: Dict[str, Any]) -> str:
@@ -58,6 +64,7 @@ def readme(jobs: List[Dict[str, Any]], figures: List[str], unreadable: Sequence[
              "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for j in jobs:
         result = "ok" if j.get("success") else f"**{md((j.get('failure') or {}).get('kind') or 'failed')}**"
+        result += ", **NOISY**" if noise_line(j) else ""
         if j.get("_unreadable"):
             result += f" (**unreadable**: {md(', '.join(j['_unreadable']))})"
         mem = value_at(j, "mem_peak_bytes")
@@ -86,6 +93,10 @@ def readme(jobs: List[Dict[str, Any]], figures: List[str], unreadable: Sequence[
     if failed:
         lines += ["", "## Failed jobs", ""] + [f"- {md(j['_dir'])}: {md((j.get('failure') or {}).get('kind'))}: "
                                                 f"{md((j.get('failure') or {}).get('message'))}" for j in failed]
+    noisy = noisy_jobs(jobs)
+    if noisy:
+        lines += ["", "## Noisy jobs", "", "Their figures were measured while something disturbed them; compare them "
+                  "with care.", ""] + [f"- {md(d)}: NOISY: {md(why)}" for d, why in noisy]
     bad = [(u["_dir"], u["reason"]) for u in unreadable] + [(j["_dir"], unreadable_text(j)) for j in jobs
                                                              if j.get("_unreadable")]
     if bad:
