@@ -25,8 +25,8 @@ def predicted_max_batch(model: str, target: str, overrides: List[str], anchor: i
 
     `measured` (batch, bytes): a probe's training memory on a CPU (what the budget is held against). Every
     predicted peak is then shifted by what it measured beyond the prediction at that batch: the memory that is not
-    tensors, which the predictor can only assume, is the job's own (it is about constant in the batch: 117.0-117.1
-    MiB for densenet40 from 20 to 78 samples, 121-127 MiB for resnet50 from 16 to 48, on one VM).
+    tensors, which the predictor can only assume, is the job's own and about constant in the batch (docs/memory.md
+    has the figures).
 
     The traces run in processes forked here, one per usable core up to MAX_TRACERS, all forked before any of them
     traces: a trace runs autograd, after which torch refuses autograd in every process that process forks ("Unable
