@@ -380,3 +380,19 @@ def test_a_noisy_job_is_flagged_beside_its_figures_in_every_table(tmp_path):
     assert [("**NOISY**" in line, "3.0800" in line) for line in table] in ([(True, True), (False, False)],
                                                                           [(False, False), (True, True)])
     assert "## Noisy jobs" in readme and why in readme
+
+
+@pytest.mark.parametrize("evals", [
+    "check,train_time_s,train_energy_j,loss,met\n1,0.5,,abc,0\n2,1.0,,0.4,1\n",  # a value that is no number
+    "check,train_time_s,loss\n1,nan,0.5\n",  # no finite time: no point
+])
+def test_a_malformed_evals_csv_is_no_traceback(tmp_path, evals):
+    """Issue 51 item 10: `mtbench report` over an evals.csv with `loss=abc` ended in a ValueError's traceback; a
+    cell that is no finite number is now no point of the curve."""
+    job = {**fake_summary("squeezenet", 8, 0.1, [50.0]), "until": {"metric": "loss", "value": 0.5}}
+    root = write_jobs(tmp_path / "sweep", [job])
+    (root / "0-squeezenet-b8" / "evals.csv").write_text(evals)
+    out = make_report(root)
+    assert (out / "README.md").exists()
+    drawn = (out / "loss_squeezenet.png").exists()
+    assert drawn == ("0.4" in evals)  # the one good check is drawn; a curve with none is left out

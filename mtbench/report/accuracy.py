@@ -7,6 +7,9 @@ energy_to_target_j do (docs/measurement.md "Runs to a target").
 from __future__ import annotations
 
 import csv
+import io
+import math
+import os
 import re
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
@@ -16,6 +19,7 @@ import matplotlib
 matplotlib.use("Agg")  # files only: no display needed
 import matplotlib.pyplot as plt  # noqa: E402
 
+from mtbench.regular_files import read_regular  # noqa: E402
 from mtbench.report.jobs import NOT_MEASURED  # noqa: E402
 from mtbench.report.panels import save_png  # noqa: E402
 
@@ -23,14 +27,28 @@ CURVE_FILE = "evals.csv"  # as mtbench/job/until.py writes it (the report layer 
 YLABEL = {"accuracy": "held-out top-1 accuracy", "loss": "training loss (mean since the last check)"}
 
 
+MAX_CURVE_BYTES = 16 * 2**20  # a row per check: kilobytes
+
+
 def _curve(job: Dict[str, Any]) -> List[Dict[str, Optional[float]]]:
-    """The job's checks as numbers (an empty cell: None); [] where it wrote no evals.csv."""
+    """The job's checks as numbers (a cell that is empty or no finite number: None); [] where it wrote no evals.csv,
+    or where the name holds no regular file (a link, a FIFO) or too large a one."""
     path = Path(job.get("_root") or ".") / str(job.get("_rel", job.get("_dir"))) / CURVE_FILE
-    if not path.is_file():
+    if not os.path.lexists(path):
         return []
-    with open(path, newline="") as f:
-        rows = list(csv.DictReader(f))
-    return [{k: (float(v) if v not in ("", None) else None) for k, v in r.items()} for r in rows]
+    try:
+        text = read_regular(str(path), MAX_CURVE_BYTES).decode("utf-8", "replace")
+    except OSError:  # RefusedFile too
+        return []
+    return [{str(k): _number(v) for k, v in r.items()} for r in csv.DictReader(io.StringIO(text))]
+
+
+def _number(text: Any) -> Optional[float]:
+    try:
+        value = float(text)
+    except (TypeError, ValueError):
+        return None
+    return value if math.isfinite(value) else None
 
 
 def _target(job: Dict[str, Any]) -> Optional[Tuple[str, float]]:
@@ -47,6 +65,7 @@ def fig_accuracy(groups: Dict[str, List[Dict[str, Any]]], out: Path) -> List[str
     names = []
     for model, js in groups.items():
         runs = [(j, _target(j), _curve(j)) for j in js if _target(j) is not None]
+        runs = [(j, t, [r for r in c if r.get("train_time_s") is not None]) for j, t, c in runs]
         runs = [(j, t, c) for j, t, c in runs if c]
         if not runs:
             continue
