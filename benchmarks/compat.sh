@@ -6,7 +6,7 @@
 #
 #   benchmarks/compat.sh            make the venv (once) and run the whole suite in it
 #   benchmarks/compat.sh install    only make / update the venv
-#   benchmarks/compat.sh test [PYTEST ARGS...]   only run the tests (e.g. `test tests/test_runner.py -x`)
+#   benchmarks/compat.sh test [PYTEST ARGS...]   only run the tests (e.g. `test tests/job/test_run.py -x`)
 #
 # Knobs (environment): COMPAT_SET (above), COMPAT_PYTHON (a Python 3.8 interpreter; default: python3.8 on PATH,
 # else pyenv's 3.8), COMPAT_VENV (default build/compat-venv for jp5, build/compat-venv-tx2 for tx2; build/ is

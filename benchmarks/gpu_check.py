@@ -11,7 +11,7 @@ own time limit (the whole run stays within --budget-s, 8 minutes by default):
   deps      what mtbench needs and what was installed from the wheels
   probe     each NVML field's real update period, learned from 5 ms samples under a square-wave load on the GPU
             (0.5 s of matrix products, 0.5 s idle)
-  tests     tests/test_cuda.py, test_jetson_truth.py, test_memory_budget.py, test_nvml_truth.py (CUDA: all of them)
+  tests     tests/device/test_cuda.py, sampling/test_jetson_truth.py, device/test_budget.py, sampling/test_nvml_truth.py
   matrix    3 models x 2 batches, measured (CUDA: batch 16 and 64, 10 steps, NVML; CPU: batch 1 and 2, 1 step)
   predict   like with like: the predicted allocated peak (tensors + cuBLAS's workspaces, which go through the
             caching allocator) against each CUDA job's max_memory_allocated, and the predicted reserved peak
@@ -39,7 +39,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 REPO = Path(__file__).resolve().parent.parent
 MODELS = ["squeezenet", "resnet50", "vgg16"]
-TESTS = ["tests/test_cuda.py", "tests/test_jetson_truth.py", "tests/test_memory_budget.py", "tests/test_nvml_truth.py"]
+TESTS = ["tests/device/test_cuda.py", "tests/sampling/test_jetson_truth.py", "tests/device/test_budget.py", "tests/sampling/test_nvml_truth.py"]
 TX2_JOB = ["model=vgg19", "model.workload.net.variant=imagenet", "data.image_size=224", "target=tx2"]
 # what `python -m mtbench` imports beyond torch: module -> the pip name
 NEEDED = {"hydra": "hydra-core", "omegaconf": "omegaconf", "numpy": "numpy", "torchvision": "torchvision",

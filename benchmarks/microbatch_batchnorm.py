@@ -15,7 +15,7 @@ from mtbench.config import instantiate
 from mtbench.data.synthetic import Synthetic
 from mtbench.workload.plans import NONE, MemoryPlan
 from mtbench.workload.base import SetupContext
-from tests.test_memory_plans import compose_cfg, grads_after_step, workload
+from tests.workload.test_plans import compose_cfg, grads_after_step, workload
 
 
 def difference(a: Dict[str, torch.Tensor], b: Dict[str, torch.Tensor]) -> Tuple[float, float]:

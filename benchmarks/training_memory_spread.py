@@ -26,7 +26,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tests.test_training_memory import _evict_libraries  # noqa: E402
+from tests.device.test_training_memory import _evict_libraries  # noqa: E402
 
 JOBS = ["model=mobilenetv2,batch=16", "model=resnet50,batch=8"]
 COMMON = ["device=cpu", "warmup=1", "steps=3", "memory.breakdown=false"]

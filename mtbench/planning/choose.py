@@ -79,7 +79,7 @@ class Guide:
         return "traced_tensor_bytes" if self.untrusted_because else "predicted_peak_bytes"
 
 
-# The predictor's CPU peak is its traced tensor peak (exact for every plan: tests/test_plan_defaults.py) plus the
+# The predictor's CPU peak is its traced tensor peak (exact for every plan: tests/planning/test_plan_defaults.py) plus the
 # memory that is not tensors (oneDNN's reordered weights, the libraries' pages a step touches, glibc's small-block
 # heap): an assumed 256 MiB without a calibration, and a calibration is fitted on plain runs, while recomputation
 # changes that memory (measured on a small MobileNetV2: 52 MB plain, 61-67 MB recomputing; docs/memory.md).
