@@ -13,8 +13,9 @@ import torch
 
 from tests.conftest import compose_cfg, mtbench_cli
 from tests.helpers.hostile import as_nobody, need_root, shared_folder
+from tests.helpers.run_if import run_if
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="planting as another user needs root (setuid to nobody)")
+pytestmark = run_if(root=True, why="to plant files as another user (setuid to nobody)")
 
 
 def victim_file(tmp_path: Path) -> Path:

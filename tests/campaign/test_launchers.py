@@ -20,6 +20,7 @@ import psutil
 import pytest
 
 from tests.conftest import REPO, mtbench_cli
+from tests.helpers.run_if import run_if
 
 # two jobs of the smallest CNN (two are enough to see them take turns on the CPU's lock); one thread each, because
 # submitit_local starts both at once; no memory breakdown (its tracked step is tested elsewhere)
@@ -85,8 +86,7 @@ def assert_like_basic(sweep_dir: Path, basic_job: Path) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not has_plugin("hydra_submitit_launcher"),
-                    reason="hydra-submitit-launcher is not installed (pip install -e '.[slurm]')")
+@run_if(plugin="hydra_submitit_launcher", why="pip install -e '.[slurm]'")
 def test_submitit_local_sweep_writes_basic_job_folders(tmp_path, basic_job):
     refused = run_sweep(SWEEP, tmp_path / "refused", "hydra/launcher=submitit_local")
     assert refused.returncode == 2 and "allow_parallel=true" in refused.stderr, refused.stderr
@@ -101,8 +101,7 @@ def test_submitit_local_sweep_writes_basic_job_folders(tmp_path, basic_job):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not has_plugin("hydra_ray_launcher"),
-                    reason="hydra-ray-launcher is not installed (pip install -e '.[ray]')")
+@run_if(plugin="hydra_ray_launcher", why="pip install -e '.[ray]'")
 def test_ray_sweep_on_a_local_cluster_lands_on_the_board_resource(tmp_path, basic_job):
     # the local cluster plays one board: it offers the custom resource `orin_nano: 1` and each job asks for
     # it, as on a fleet where every board joins with `ray start --resources='{"orin_nano": 1}'`
@@ -119,8 +118,7 @@ def test_ray_sweep_on_a_local_cluster_lands_on_the_board_resource(tmp_path, basi
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not has_plugin("hydra_submitit_launcher"),
-                    reason="hydra-submitit-launcher is not installed (pip install -e '.[slurm]')")
+@run_if(plugin="hydra_submitit_launcher", why="pip install -e '.[slurm]'")
 def test_sigterm_to_a_submitit_local_sweep_stops_its_jobs_and_nothing_outlives_it(tmp_path):
     """Issue 51 item 2: `kill <mtbench's pid>` during a submitit_local sweep exited 143 at once with no line, and
     both jobs (submitit's workers ignore SIGTERM) trained on under ppid 1 and finished "success". Now the jobs

@@ -13,6 +13,7 @@ from mtbench.device import budget
 from mtbench.device.oom import is_oom
 from mtbench.device.targets import Target, load_target
 from tests.conftest import compose_cfg
+from tests.helpers.run_if import run_if
 
 CPU = torch.device("cpu")
 
@@ -80,7 +81,7 @@ def test_cuda_cap_is_the_budget_over_the_gpu_memory(monkeypatch):
     assert budget.budget_failure(load_target("tx2"), {"mem_peak_bytes": 10**12}, "cuda_memory_fraction") is None
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@run_if(cuda=True)
 def test_cuda_cap_gives_a_real_out_of_memory_error():
     gpu = torch.device("cuda", 0)
     tiny = Target.from_mapping({**Target.none().to_dict(), "name": "tiny", "memory_budget_bytes": 256 * 2**20,
@@ -118,7 +119,7 @@ print((current_rss_bytes() - before) // 2**20)
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc")
+@run_if(linux=True, why="glibc's malloc")
 def test_a_cpu_job_held_to_a_budget_is_not_charged_for_what_malloc_keeps():
     import subprocess
 
@@ -150,7 +151,7 @@ _THRESHOLD = "from mtbench.device.peak import hold_malloc_to_live_memory as h; p
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc")
+@run_if(linux=True, why="glibc's malloc")
 @pytest.mark.parametrize("allocator", sorted(_PRELOADABLE))
 def test_a_preloaded_allocator_is_said_not_glibc(allocator):
     """With jemalloc or tcmalloc put in front of glibc (LD_PRELOAD), glibc's mallopt answers 1 and changes nothing:
@@ -174,7 +175,7 @@ def _is_position_dependent(executable: str) -> bool:
     return head[:4] == b"\x7fELF" and int.from_bytes(head[16:18], "little") == 2
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc")
+@run_if(linux=True, why="glibc's malloc")
 def test_glibc_is_known_under_an_interpreter_that_is_not_position_independent():
     """Debian's /usr/bin/python3 is an ET_EXEC executable: the process's `malloc` is the executable's PLT entry, not
     glibc's address, and an address check called glibc a preloaded allocator. glibc.py imports no torch, so the
@@ -200,7 +201,7 @@ def test_glibc_is_known_under_an_interpreter_that_is_not_position_independent():
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc")
+@run_if(linux=True, why="glibc's malloc")
 def test_cpu_malloc_settings_change_how_often_a_tensor_is_faulted_in():
     """memory.cpu_malloc, against the kernel's own count of page faults: with `live` a freed 4 MiB tensor goes back
     to the kernel and the next one is faulted in page by page; with `cached` glibc keeps it for the next (a heap

@@ -18,8 +18,9 @@ import pytest
 import torch
 
 from tests.conftest import REPO
+from tests.helpers.run_if import run_if
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+pytestmark = run_if(cuda=True)
 
 CUDA = ["device=cuda", "warmup=1", "steps=3"]
 

@@ -10,8 +10,9 @@ import pytest
 import torch
 
 from mtbench.device import peak
+from tests.helpers.run_if import run_if
 
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="VmHWM and clear_refs are Linux's")
+pytestmark = run_if(linux=True, why="VmHWM and clear_refs are Linux's")
 
 CHILD = r"""
 import json

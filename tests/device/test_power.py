@@ -19,6 +19,7 @@ from mtbench.errors import UsageError
 from tests.conftest import REPO
 from tests.fake_nvml import FakeGpu, fake_pynvml
 from tests.fake_sysfs import install_fake_nvpmodel, kernel_write, make_power_board
+from tests.helpers.run_if import run_if
 
 CPU = types.SimpleNamespace(type="cpu", index=None)
 FAKE = ["model=squeezenet", "~model.workload.net", "~model.workload.optimizer", "~model.workload.input_shape",
@@ -97,7 +98,7 @@ def test_a_value_the_board_does_not_have_changes_nothing(board, tmp_path, keys, 
     assert files_of(board) == before and not (tmp_path / "job" / power.RECORD).exists()
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root may write a read-only file")
+@run_if(not_root=True, why="root may write a read-only file")
 def test_without_write_access_one_line_and_nothing_changed(board, tmp_path):
     target = board / "sys/devices/platform/17000000.ga10b/devfreq/17000000.ga10b/max_freq"
     target.chmod(0o444)

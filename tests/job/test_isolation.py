@@ -13,6 +13,7 @@ import psutil
 import pytest
 
 from tests.conftest import REPO, ctrl_c_raises, mtbench_cli
+from tests.helpers.run_if import run_if
 
 FAKE = ["model=squeezenet", "~model.workload.net", "~model.workload.optimizer", "~model.workload.input_shape",
         "~model.workload.num_classes"]
@@ -183,7 +184,7 @@ def test_resume_runs_an_interrupted_job_again(tmp_path):
     assert finished_summary(str(tmp_path), cfg) is None  # another configuration
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as a second user")
+@run_if(root=True, why="to act as a second user")
 def test_the_device_lock_is_shared_by_every_user(tmp_path):
     import tempfile
 

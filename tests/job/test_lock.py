@@ -12,8 +12,9 @@ import torch
 from mtbench.errors import UsageError
 from mtbench.job.lock import DeviceLock
 from tests.helpers.hostile import as_nobody
+from tests.helpers.run_if import run_if
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="planting as another user needs root (setuid to nobody)")
+pytestmark = run_if(root=True, why="to plant files as another user (setuid to nobody)")
 
 
 @pytest.fixture

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from mtbench.planning import malloc
+from tests.helpers.run_if import run_if
 
 # In a fresh interpreter (mallopt would hold for every later test here): blocks made under `cached` and freed with
 # their neighbours kept, then under `live` a 4 MiB block made, written and freed. Prints the MiB still resident.
@@ -69,7 +70,7 @@ def _resident_after_free(where: str) -> float:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc and /proc: Linux only")
+@run_if(linux=True, why="glibc's malloc and /proc: Linux only")
 def test_a_cached_probe_in_its_own_arena_leaves_live_tensors_mapped_fresh():
     # the failure, provoked: after a probe in the main thread, a live block comes from the probe's freed blocks and
     # stays resident when freed; after one in its own thread, it is mapped fresh and given back
@@ -88,7 +89,7 @@ ARENA = textwrap.dedent("""
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc: Linux only")
+@run_if(linux=True, why="glibc's malloc: Linux only")
 def test_the_probe_knows_when_glibc_gave_its_thread_the_main_heap():
     # the main thread is on the main heap; a new thread gets an arena of its own until the arena limit is reached,
     # then glibc hands it an existing one, the main heap first
@@ -134,7 +135,7 @@ INTERRUPT = textwrap.dedent("""
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="signals as on Linux")
+@run_if(linux=True, why="signals as on Linux")
 def test_an_interrupt_during_the_probe_is_raised_once_its_thread_is_done():
     # raised at once, the thread would still be in torch's kernels when the interpreter exits: the process aborts
     assert _run(INTERRUPT) == "20 False"

@@ -14,6 +14,7 @@ pytest.importorskip("torch.distributed._tools.mem_tracker", reason="the predicto
 from mtbench.predict import rnn_workspace  # noqa: E402
 from mtbench.predict.trace import trace_step  # noqa: E402
 from mtbench.workload.base import SetupContext  # noqa: E402
+from tests.helpers.run_if import run_if  # noqa: E402
 
 if rnn_workspace.LAYER_OP is None:
     pytest.skip(f"torch {torch.__version__} has no aten::mkldnn_rnn_layer (its CPU LSTM keeps no such workspace)",
@@ -82,7 +83,7 @@ print(sum(v & 1 for v in vec) * page, rnn_workspace.workspace_bytes(tuple(_fake_
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="mincore(2) residency is read on Linux only")
+@run_if(linux=True, why="mincore(2) residency is read on Linux only")
 def test_the_resident_share_is_what_the_kernel_says_is_resident():
     """The resident estimate against the kernel's own count (mincore) of the pages a real layer's forward and
     backward left resident in a freshly mapped workspace."""

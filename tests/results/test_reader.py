@@ -17,6 +17,7 @@ from mtbench.results import console, reader
 from mtbench.results.reader import UnreadableSummary
 from tests.conftest import mtbench_cli, needs_predictor
 from tests.report.test_boards import REAL_SHAPE, write_jobs
+from tests.helpers.run_if import run_if
 
 DEEP = "[" * 100_000 + "]" * 100_000
 
@@ -132,7 +133,7 @@ def test_a_report_folder_that_cannot_be_written_is_one_line(tmp_path, monkeypatc
         make_report(tmp_path)
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into a read-only folder")
+@run_if(not_root=True, why="root writes into a read-only folder")
 def test_a_read_only_report_folder_is_one_line_exit_2(tmp_path):
     write_jobs(tmp_path, [copy.deepcopy(REAL_SHAPE)])
     (tmp_path / "report").mkdir(mode=0o555)

@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from mtbench.workload.breakdown import PARTS, breakdown_bytes, fragmentation_bytes
+from tests.helpers.run_if import run_if
 
 CPU = torch.device("cpu")
 try:
@@ -125,7 +126,7 @@ def test_fragmentation_is_reserved_minus_allocated_on_cuda_only():
 
 
 @needs_tracker
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@run_if(cuda=True)
 def test_cuda_breakdown_matches_the_allocator_peak():
     class OnCuda(TinyCNN):
         def __init__(self, batch: int) -> None:
