@@ -20,10 +20,10 @@ from tests.conftest import REPO
 from tests.fake_nvml import FakeGpu, fake_pynvml
 from tests.fake_sysfs import install_fake_nvpmodel, kernel_write, make_power_board
 from tests.helpers.run_if import run_if
+from tests.helpers.compose import FAKE as FAKE_JOB
 
 CPU = types.SimpleNamespace(type="cpu", index=None)
-FAKE = ["model=squeezenet", "~model.workload.net", "~model.workload.optimizer", "~model.workload.input_shape",
-        "~model.workload.num_classes", "batch=1"]
+FAKE = [*FAKE_JOB, "batch=1"]
 
 
 def files_of(root: Path) -> dict:

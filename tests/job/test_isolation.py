@@ -14,9 +14,9 @@ import pytest
 
 from tests.conftest import REPO, ctrl_c_raises, mtbench_cli
 from tests.helpers.run_if import run_if
+from tests.helpers.compose import FAKE as FAKE_JOB
 
-FAKE = ["model=squeezenet", "~model.workload.net", "~model.workload.optimizer", "~model.workload.input_shape",
-        "~model.workload.num_classes"]
+FAKE = FAKE_JOB
 
 
 def isolated(out_dir, *overrides: str) -> subprocess.CompletedProcess:

@@ -11,6 +11,7 @@ from mtbench.device.oom import is_oom
 from tests.conftest import compose_cfg, ctrl_c_raises
 
 import torch
+from tests.helpers.compose import FAKE as FAKE_JOB
 
 
 def test_summary_follows_the_contract(run, tmp_path):
@@ -50,8 +51,7 @@ def test_summary_follows_the_contract(run, tmp_path):
     assert rows == sampler["samples"]
 
 
-FAKE = ["model=squeezenet", "~model.workload.net", "~model.workload.optimizer", "~model.workload.input_shape",
-        "~model.workload.num_classes"]
+FAKE = FAKE_JOB
 
 
 @pytest.mark.parametrize("error", ["MemoryError", "cpu"])

@@ -14,6 +14,7 @@ from mtbench.workload.base import SetupContext, step_losses
 from mtbench.workload.torch_internals import on_device
 from tests.conftest import compose_cfg
 from tests.fake_workloads import _Base
+from tests.helpers.compose import FAKE as FAKE_JOB
 
 # One batch of two samples, repeated: tiny sizes, and where the model's default learning rate needs longer than this
 # file can wait, a larger one (said per model): (overrides, steps within which the loss must fall below half of the
@@ -146,8 +147,7 @@ def test_steps_csv_and_summary_carry_the_loss(run, tmp_path, model):
         assert loss["name"] == "loss" and "losses" not in summary and "loss_d" not in rows[0]
 
 
-FAKE = ["model=squeezenet", "~model.workload.net", "~model.workload.optimizer", "~model.workload.input_shape",
-        "~model.workload.num_classes"]
+FAKE = FAKE_JOB
 
 
 class ClockedLoss(torch.Tensor):

@@ -8,9 +8,9 @@ import pytest
 
 from mtbench.report.build import make_report
 from mtbench.report.pareto import fig_pareto, front
+from tests.helpers.compose import FAKE as FAKE_JOB
 
-FAKE = ["model=squeezenet", "~model.workload.net", "~model.workload.optimizer", "~model.workload.input_shape",
-        "~model.workload.num_classes", "batch=1", "steps=2", "model.workload._target_=tests.fake_workloads.BusyLoop",
+FAKE = [*FAKE_JOB, "batch=1", "steps=2", "model.workload._target_=tests.fake_workloads.BusyLoop",
         "+model.workload.seconds=0.01"]
 
 

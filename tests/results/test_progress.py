@@ -14,9 +14,9 @@ from rich.console import Console
 from mtbench.results import live
 from mtbench.results.live import LiveLine, Progress, ProcessStats, ProgressSender
 from tests.conftest import REPO, compose_cfg, needs_predictor
+from tests.helpers.compose import FAKE as FAKE_JOB
 
-FAKE = ["model=squeezenet", "~model.workload.net", "~model.workload.optimizer", "~model.workload.input_shape",
-        "~model.workload.num_classes", "model.workload._target_=tests.fake_workloads.BusyLoop"]
+FAKE = [*FAKE_JOB, "model.workload._target_=tests.fake_workloads.BusyLoop"]
 
 
 class Clock:

@@ -15,6 +15,7 @@ from mtbench.planning.planner import Planner
 from mtbench.workload.base import SetupContext, Workload
 from tests.conftest import compose_cfg
 from tests.fake_workloads import _Base
+from tests.helpers.compose import FAKE as FAKE_JOB
 
 # The three texts of a failed cudaMalloc on a Jetson torch build (pytorch issues 185240, 112377, 112950, 130486):
 # CUDACachingAllocator's reportProcessMemoryInfo asserts on NVML, which Tegra lacks, instead of raising OOM
@@ -57,8 +58,7 @@ class JetsonAssert(_Base):
             raise RuntimeError(JETSON_ASSERTS[self.variant])
 
 
-FAKE = ["model=squeezenet", "~model.workload.net", "~model.workload.optimizer", "~model.workload.input_shape",
-        "~model.workload.num_classes", "model.workload._target_=tests.sampling.test_jetson_truth.JetsonAssert"]
+FAKE = [*FAKE_JOB, "model.workload._target_=tests.sampling.test_jetson_truth.JetsonAssert"]
 
 
 @pytest.mark.parametrize("variant", [0, 1, 2])

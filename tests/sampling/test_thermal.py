@@ -11,9 +11,9 @@ from mtbench.sampling import SensorUnavailable, open_sensors
 from mtbench.sampling.sampler import Samples, StepMark
 from mtbench.sampling.thermal import ThermalSensor, step_columns
 from tests.fake_sysfs import write_value
+from tests.helpers.compose import FAKE as FAKE_JOB
 
-FAKE = ["model=squeezenet", "~model.workload.net", "~model.workload.optimizer", "~model.workload.input_shape",
-        "~model.workload.num_classes", "batch=1"]
+FAKE = [*FAKE_JOB, "batch=1"]
 
 
 def make_thermal(root: Path, zones: Dict[str, int], cooling: Dict[str, Tuple[int, int]]) -> Path:
