@@ -57,12 +57,19 @@ def test_current_rss_grows_with_a_touched_buffer_and_stays_below_the_high_water_
     from mtbench.device.peak import current_rss_bytes
     from mtbench.device.peak import hwm_bytes
 
+    import mmap
+
+    # a fresh anonymous mapping, every page written: new resident pages whatever the heap holds (a tensor could be
+    # served from freed blocks still resident from earlier tests in this worker: CI read no growth at all then)
+    size = 64 * 2**20
     before = current_rss_bytes()
-    buffer = torch.ones(64 * 2**20, dtype=torch.uint8)  # 64 MiB, every page written
+    buffer = mmap.mmap(-1, size)
+    for offset in range(0, size, mmap.PAGESIZE):
+        buffer[offset] = 1
     after = current_rss_bytes()
     assert after - before >= 60 * 2**20
     assert after <= hwm_bytes()
-    del buffer
+    buffer.close()
 
 
 def test_cuda_cap_is_the_budget_over_the_gpu_memory(monkeypatch):
