@@ -124,12 +124,11 @@ def write(path: str, record: Dict[str, Any]) -> None:
     """Write `record` to `path` whole: a fresh private file renamed into place (a link planted at `path` is
     replaced, never followed)."""
     folder = os.path.dirname(path)
-    if os.path.basename(folder) == os.path.basename(FOLDER):  # the machine's file: its folder made private
-        try:
-            os.makedirs(folder, mode=0o700, exist_ok=True)
-        except OSError as exc:
-            raise UsageError(f"cannot make the power restore folder {folder} ({exc.strerror}); power.* keys need "
-                             "root") from None
+    try:  # the machine's folder made private where it is missing (a job's folder exists already)
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"cannot make the power restore folder {folder} ({exc.strerror}); power.* keys need "
+                         "root") from None
     try:  # fsynced: the record must outlive a crash of the machine's power settings' owner
         write_whole(path, json.dumps(record).encode(), mode=0o600)
     except FileExistsError:
