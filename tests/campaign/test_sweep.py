@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import csv
-import fcntl
 import json
 import os
 import signal
@@ -13,6 +12,7 @@ import pytest
 
 from mtbench.results.reader import field_problems
 from tests.conftest import REPO, mtbench_cli
+from tests.helpers.lock import held_lock
 
 JOB = ["model=squeezenet", "batch=1", "device=cpu", "warmup=1", "steps=4", "memory.breakdown=false"]
 
@@ -42,13 +42,13 @@ def _said_waiting(proc: subprocess.Popen) -> str:
 @pytest.mark.slow
 def test_two_runs_on_one_cpu_do_not_overlap_their_steps(tmp_path):
     # the test holds the lock until both jobs wait for it: the two then meet at the lock however slowly each started
-    with open(tmp_path / "mtbench-cpu.lock", "w") as held:
-        fcntl.flock(held, fcntl.LOCK_EX)
-        held.write(str(os.getpid()))  # a live process: the holder a waiting job names
-        held.flush()
+    held = held_lock(tmp_path, str(os.getpid()).encode())  # a live process: the holder a waiting job names
+    try:
         runs = [_cli(*JOB, f"lock_dir={tmp_path}", f"hydra.run.dir={tmp_path / name}") for name in ("a", "b")]
         said = [_said_waiting(p) for p in runs]
         assert all("waiting for cpu" in s for s in said), said
+    finally:
+        os.close(held)
     errs = [s + p.communicate(timeout=300)[1] for s, p in zip(said, runs)]
     assert [p.returncode for p in runs] == [0, 0], errs
     (a0, a1), (b0, b1) = _window(tmp_path / "a"), _window(tmp_path / "b")
@@ -57,11 +57,11 @@ def test_two_runs_on_one_cpu_do_not_overlap_their_steps(tmp_path):
 
 @pytest.mark.slow
 def test_device_lock_fail_is_one_line(tmp_path):
-    with open(tmp_path / "mtbench-cpu.lock", "w") as held:
-        fcntl.flock(held, fcntl.LOCK_EX)
-        held.write(str(os.getpid()))  # a live process: the holder a waiting job names
-        held.flush()
+    held = held_lock(tmp_path, str(os.getpid()).encode())  # a live process: the holder a waiting job names
+    try:
         proc = mtbench_cli(*JOB, "device_lock=fail", f"lock_dir={tmp_path}", f"hydra.run.dir={tmp_path / 'run'}")
+    finally:
+        os.close(held)
     assert proc.returncode == 2
     line = proc.stderr.strip()  # the holder named with its command (this test's own)
     assert "\n" not in line and line.startswith(f"mtbench: error: cpu is being measured by another mtbench job (pid "

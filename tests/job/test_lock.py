@@ -12,6 +12,7 @@ import torch
 from mtbench.errors import UsageError
 from mtbench.job.lock import DeviceLock
 from tests.helpers.hostile import as_nobody
+from tests.helpers.lock import held_lock
 from tests.helpers.run_if import run_if
 
 pytestmark = run_if(root=True, why="to plant files as another user (setuid to nobody)")
@@ -184,22 +185,12 @@ def test_the_power_restore_file_is_not_kept_in_a_linked_folder(tmp_path):
         power_record.path_for(root)
 
 
-def _held(folder, text: bytes):
-    """The cpu lock in `folder` held by this process through another descriptor, its file holding `text`."""
-    import fcntl
-
-    fd = os.open(os.path.join(str(folder), "mtbench-cpu.lock"), os.O_RDWR | os.O_CREAT, 0o666)
-    fcntl.flock(fd, fcntl.LOCK_EX)
-    os.write(fd, text)
-    return fd
-
-
 @pytest.mark.parametrize("text, named", [(b"\x1b[2J\x1b[31mOWNED\x07", "pid unknown"), (b"999999999", "pid unknown"),
                                          (b"0", "pid unknown")])
 def test_a_waiting_job_never_prints_what_another_user_wrote_in_the_lock(tmp_path, capsys, text, named):
     """Issue 51 item 14: the 32 bytes of the lock file were printed as they were (terminal escapes included); now
     only the pid of a live process is named."""
-    fd = _held(tmp_path, text)
+    fd = held_lock(tmp_path, text)
     try:
         lock = DeviceLock(torch.device("cpu"), "wait", str(tmp_path), timeout_s=0.3)
         with pytest.raises(UsageError) as caught:
@@ -216,7 +207,7 @@ def test_a_waiting_job_never_prints_what_another_user_wrote_in_the_lock(tmp_path
 def test_a_live_holder_is_named_and_the_time_waited_is_said(tmp_path, capsys):
     import threading
 
-    fd = _held(tmp_path, str(os.getpid()).encode())
+    fd = held_lock(tmp_path, str(os.getpid()).encode())
     threading.Timer(0.5, os.close, args=(fd,)).start()  # the holder ends half a second later
     lock = DeviceLock(torch.device("cpu"), "wait", str(tmp_path), timeout_s=30)
     lock.acquire()
@@ -235,7 +226,7 @@ def test_the_holders_command_is_named_in_printable_characters(tmp_path, capsys):
 
     holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "\x1b[31mred"])
     try:
-        fd = _held(tmp_path, str(holder.pid).encode())
+        fd = held_lock(tmp_path, str(holder.pid).encode())
         threading.Timer(0.5, os.close, args=(fd,)).start()
         lock = DeviceLock(torch.device("cpu"), "wait", str(tmp_path), timeout_s=30)
         lock.acquire()
@@ -260,7 +251,7 @@ def test_a_data_source_that_cannot_be_made_is_refused_before_waiting_for_the_dev
     """Issue 52 item 5: data=cifar10 without data.root waited for another job's device first, then failed."""
     from tests.conftest import mtbench_cli
 
-    fd = _held(tmp_path, b"")
+    fd = held_lock(tmp_path, b"")
     try:
         proc = mtbench_cli("model=squeezenet", "data=cifar10", "device=cpu", "steps=1", "warmup=0",
                            f"lock_dir={tmp_path}", "lock_timeout_s=120", f"hydra.run.dir={tmp_path / 'run'}")
