@@ -1,12 +1,13 @@
 """Training memory's spread over fresh runs, the page cache cold and warm: the same job four times, torch's,
 torchvision's and numpy's shared objects evicted (posix_fadvise DONTNEED) before runs 1 and 3, side by side with
-VmHWM (mem_peak_bytes), which counts the libraries' mapped pages; under glibc's own malloc (memory.cpu_malloc=
-glibc, what auto is without a budget) and under memory.cpu_malloc=live (a fixed mmap threshold), side by side.
+VmHWM (mem_peak_bytes), which counts the libraries' mapped pages; under memory.cpu_malloc=auto (the default: the
+measured steps under glibc's own malloc, training memory from two untimed steps with the threshold fixed), glibc
+(every figure under glibc's own dynamic threshold) and live (every step with the threshold fixed), side by side.
 
     python benchmarks/training_memory_spread.py                     # mobilenetv2 b16 and resnet50 b8, quiet
     python benchmarks/training_memory_spread.py --busy              # beside a busy loop on every core
     python benchmarks/training_memory_spread.py --job model=squeezenet,batch=8
-    python benchmarks/training_memory_spread.py --malloc glibc --malloc cached   # other malloc settings
+    python benchmarks/training_memory_spread.py --malloc auto --malloc cached   # other malloc settings
 
 Prints, per job and malloc setting, each run's training memory and VmHWM (MiB) and each one's spread:
 (max - min) / median, and the median step time of the four runs (what the setting costs in speed).
@@ -37,7 +38,7 @@ def _spin() -> None:
         pass
 
 
-MALLOCS = ["glibc", "live"]
+MALLOCS = ["auto", "glibc", "live"]
 
 
 def run_four(job: str, malloc: str, out: Path) -> list:
@@ -65,7 +66,7 @@ def main() -> None:
     parser.add_argument("--busy", action="store_true", help="a busy loop on every core beside the runs")
     parser.add_argument("--job", action="append", help="overrides joined by commas (default: the two above)")
     parser.add_argument("--malloc", action="append", choices=["auto", "glibc", "live", "cached"],
-                        help="memory.cpu_malloc settings to run (default: glibc and live)")
+                        help="memory.cpu_malloc settings to run (default: auto, glibc and live)")
     args = parser.parse_args()
     spinners = [multiprocessing.Process(target=_spin, daemon=True) for _ in range(os.cpu_count() or 1)] \
         if args.busy else []

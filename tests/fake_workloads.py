@@ -112,8 +112,9 @@ class CrashOnClose(_Base):
 
 
 class TerminatedAt(_Base):
-    """SIGTERM reaches the job during its step number `at_step` (1 = the first, warm-up or measured, or the untimed
-    breakdown step after them), as signals.py turns it into signals.Terminated."""
+    """SIGTERM reaches the job during its step number `at_step` (1 = the first, warm-up or measured, or one of
+    the untimed steps after them: training memory's two on a CPU, then the breakdown's), as signals.py turns it
+    into signals.Terminated."""
 
     def __init__(self, at_step: int = 1) -> None:
         self.at_step = at_step

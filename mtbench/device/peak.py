@@ -7,11 +7,12 @@ import os
 import re
 import resource
 import sys
-from typing import Any, Dict, Optional
+from typing import Any, Callable, Dict, Optional
 
 import torch
 
 from mtbench.device import hugepages
+from mtbench.device.arena import in_own_arena
 from mtbench.device.glibc import mallopt
 from mtbench.regular_files import read_head
 
@@ -140,6 +141,12 @@ def resolved_cpu_malloc(mode: str, budgeted: bool) -> Optional[str]:
     return mode
 
 
+def measured_cpu_malloc(mode: str) -> str:
+    """The malloc setting a CPU job's training memory is measured under: auto is live (a job held to a budget runs
+    every step so; one without measures two more steps so, measure_training_step), else memory.cpu_malloc itself."""
+    return "live" if mode == "auto" else mode
+
+
 def set_cpu_malloc(mode: str, budgeted: bool) -> Optional[Dict[str, Any]]:
     """memory.cpu_malloc for a CPU job: auto (live when held to a budget, else glibc's own), glibc, live, cached.
     Returns what was set (summary.json `cpu_malloc`), None for glibc's own settings under auto."""
@@ -242,6 +249,46 @@ class PeakMemory:
         return {**out, "mem_board_bytes": host["mem_training_peak_bytes"] + reserved,
                 "mem_board_source": "host training memory (VmHWM less file-backed pages) + CUDA allocator reserved "
                                     "peak"}
+
+
+def measure_training_step(device: torch.device, step: Callable[[], Any]) -> Dict[str, Any]:
+    """Training memory of a CPU job whose measured steps ran under glibc's own malloc (memory.cpu_malloc=auto
+    without a budget): two more steps, untimed, with the mmap threshold fixed as under `live`, in a thread of its
+    own (an arena of its own); the heap is given back (malloc_trim) and the high-water mark reset between them, and
+    the second is measured. Returns PeakMemory.read's training figures (mem_training_peak_bytes, mem_file_bytes)
+    and `mem_training_step`, how they were measured; empty on a GPU, where the high-water mark cannot be reset
+    or where the malloc is not glibc's (nothing set).
+
+    Under glibc's dynamic threshold the resident peak also holds the holes a step's frees leave in the heap, and
+    which holes differs from run to run; glibc serves even a large tensor from such a hole before it maps fresh
+    memory, so the main heap, trimmed, would fault them in again. In a fresh arena every tensor above the
+    threshold is a mapping of its own, given back when freed: the peak follows what the step holds, as in a job
+    held to a budget under `live`; the first step settles the thread's arena and its OpenMP team. The measured
+    steps keep glibc's own settings, so their time is a default training loop's."""
+    if device.type != "cpu":
+        return {}
+    live = hold_malloc_to_live_memory()
+    if live.get("mmap_threshold_bytes") is None or not _reset_hwm():
+        return {}
+
+    def two_steps() -> Dict[str, Any]:
+        step()
+        release_memory(device)
+        _reset_hwm()
+        step()
+        return {}
+
+    _, main_heap = in_own_arena(two_steps)
+    hwm = hwm_bytes()
+    figures = training_peak(hwm) if hwm is not None else {}
+    if not figures:
+        return {}
+    where = ("the main heap (glibc's arena limit was reached): holes the measured steps left can count"
+             if main_heap else "an arena of its own")
+    return {**figures, "mem_training_step": (
+        f"the second of two untimed steps after the measured ones, in {where}, glibc's mmap threshold fixed at "
+        f"{live['mmap_threshold_bytes']} bytes as under memory.cpu_malloc=live (the measured steps ran under "
+        "glibc's own settings)")}
 
 
 def training_peak(hwm: int) -> Dict[str, Any]:

@@ -177,7 +177,9 @@ class Job:
                                                                                                peak.read())
         self.progress.phase("breakdown")
         self.failure = self.planner.budget_failure(self.mem)
-        self.extra = self.workload.extra_metrics(len(self.durations))  # before the untimed step below adds one
+        self.extra = self.workload.extra_metrics(len(self.durations))  # before the untimed steps below add theirs
+        if not self.planner.held.get("cpu_malloc"):  # auto, no budget: glibc's own; training memory in 2 steps more
+            self.mem = {**self.mem, **memory.measure_training_step(self.device, self.workload.step)}
         # where the peak went: one more step under torch's MemTracker after the measured steps (memory.breakdown)
         self.breakdown, self.breakdown_reason = breakdown_bytes(self.workload, self.device,
                                                                 enabled=setting(self.cfg, "memory.breakdown", True))
@@ -261,11 +263,10 @@ class Job:
 def run_job(cfg: DictConfig, out_dir: Path, notify: Optional[Callable[[str, Any], None]] = None) -> Dict[str, Any]:
     """Run one job in this process and write its result files, whatever happens; return the summary.
 
-    An out-of-memory error or any other error inside the job is recorded as its failure (kind "oom" or
-    "error") and returned, so a sweep goes on; a bad value the user gave raises UsageError before any
-    result is written; Ctrl-C is recorded as "interrupted" (SIGTERM and SIGHUP
-    as "terminated": signals.Terminated) and re-raised. `run_isolated` runs this in a
-    child process; call this directly only where a job that kills its process may take the caller along.
+    An out-of-memory error or any other error inside the job is recorded as its failure (kind "oom" or "error")
+    and returned, so a sweep goes on; a bad value the user gave raises UsageError before any result is written;
+    Ctrl-C is recorded as "interrupted" (SIGTERM and SIGHUP as "terminated": signals.Terminated) and re-raised.
+    `run_isolated` runs this in a child process; call it directly only where a job that dies may take the caller.
     """
     job = Job(cfg, out_dir, notify)  # validates batch, steps, ... (UsageError)
     mode, lock_dir = str(cfg.get("device_lock", "wait")), str(cfg.get("lock_dir", "/tmp"))
@@ -285,8 +286,8 @@ def run_job(cfg: DictConfig, out_dir: Path, notify: Optional[Callable[[str, Any]
 
 
 def _run_locked(job: Job) -> Dict[str, Any]:
-    job.notify(Message.STARTED, {"device": str(job.device),
-                           "env": env.describe(job.device, root=str(job.cfg.sampler.get("sysfs_root", "/")))})
+    root = str(job.cfg.sampler.get("sysfs_root", "/"))
+    job.notify(Message.STARTED, {"device": str(job.device), "env": env.describe(job.device, root=root)})
     job.open_sampler()
     memory.release_memory(job.device)
     samples = None
@@ -305,8 +306,7 @@ def _run_locked(job: Job) -> Dict[str, Any]:
         job.failure = {"kind": kind, "message": oom_message(describe_error(exc), not job.durations)}
         log.debug("job failed", exc_info=True)
     finally:
-        # a second Ctrl-C or SIGTERM (or the one a parent forwards) waits until the results are written and
-        # memory freed
+        # a second Ctrl-C or SIGTERM (or the one a parent forwards) waits until the results are written, memory freed
         with signals.stop_signals_deferred():
             samples = _stop_sampler(job)
             if not user_error:

@@ -39,10 +39,10 @@ def failure_of(exc: BaseException) -> Dict[str, Any]:
 def stopped(exc: BaseException, failure: Optional[Dict[str, Any]], breakdown_reason: Optional[str],
             measured_all: bool) -> Tuple[Optional[Dict[str, Any]], Optional[str]]:
     """(failure, breakdown reason) of a job `exc` stopped: its `failure_of`, unless every measured step had run and
-    only the untimed breakdown step after them was cut: then its result stands (a resumed sweep does not run it
-    again) and the breakdown says why it is null."""
+    only the untimed steps after them were cut (training memory's, the breakdown's): then its result stands (a
+    resumed sweep does not run it again) and the breakdown says why it is null."""
     if measured_all:
-        return failure, f"{failure_of(exc)['kind']} during the untimed breakdown step, after the measured steps"
+        return failure, f"{failure_of(exc)['kind']} during the untimed steps after the measured ones"
     return failure_of(exc), breakdown_reason
 
 

@@ -20,7 +20,7 @@ from mtbench.predict.trace import StepTrace, breakdown, trace_step, transient_by
 DEFAULT_NON_TENSOR_BYTES_CPU = 256 << 20
 DEFAULT_NON_TENSOR_NOTE_CPU = ("assumed 256 MiB (libraries' pages, oneDNN primitives, allocator arenas): not "
                                "calibrated for this device")
-# A job held to a budget runs with glibc's mmap threshold fixed (memory.cpu_malloc=auto or live): freed tensors go
+# Training memory is measured with glibc's mmap threshold fixed (memory.cpu_malloc=auto or live): freed tensors go
 # back to the kernel and the arenas stay small, so what is not tensors is far less (15-58 MiB measured at the max
 # batch of resnet50, vgg16, mobilenetv2 and densenet40 under target=nano; docs/benchmarks.md).
 DEFAULT_NON_TENSOR_BYTES_CPU_LIVE = 48 << 20
@@ -116,14 +116,13 @@ class Predictor:
 
     def __post_init__(self) -> None:
         from mtbench.device.budget import target_from_cfg
-        from mtbench.device.peak import resolved_cpu_malloc
+        from mtbench.device.peak import measured_cpu_malloc
 
         cfg = self.compose(None, 1, [o for o in self.overrides if o.startswith(("target.", "memory."))])
         self.target = target_from_cfg(cfg)
         memory = cfg.get("memory") or {}
-        # the malloc a CPU job under this config would run with
-        budgeted = self.target.memory_budget_bytes is not None or memory.get("budget_gb") is not None
-        self.cpu_malloc = resolved_cpu_malloc(str(memory.get("cpu_malloc", "auto")), budgeted)
+        # the malloc a CPU job's training memory is measured under with this config
+        self.cpu_malloc = measured_cpu_malloc(str(memory.get("cpu_malloc", "auto")))
         self.cpu_malloc_live = self.cpu_malloc == "live"
         if self.device not in ("cpu", "cuda", "auto"):
             raise UsageError(f"device={self.device!r} is not known; allowed: cpu, cuda, auto")

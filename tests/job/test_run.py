@@ -191,19 +191,21 @@ def test_sigterm_in_warm_up_records_the_warm_up_steps_that_ran(run, tmp_path):
     assert s["failure"]["kind"] == "terminated" and s["warmup_steps"] == 2 and s["measured_steps"] == 0
 
 
-def test_sigterm_in_the_breakdown_step_after_every_measured_step_keeps_the_result(run, tmp_path):
-    """Issue 51 item 7: a SIGTERM in the untimed breakdown step (after warm-up 1 and 3 measured steps) marked the job
-    failed, and a resumed sweep ran it again; its result stands, the breakdown null with the reason."""
+@pytest.mark.parametrize("at_step", [6, 7])  # the second of training memory's two steps; the breakdown's
+def test_sigterm_in_the_untimed_steps_after_every_measured_step_keeps_the_result(run, tmp_path, at_step):
+    """Issue 51 item 7: a SIGTERM in an untimed step (after warm-up 1 and 3 measured steps: the two that measure
+    training memory, then the breakdown's) marked the job failed, and a resumed sweep ran it again; its result
+    stands, the breakdown null with the reason."""
     from mtbench.job.signals import Terminated
 
     with pytest.raises(Terminated):
-        run(FAKE + ["model.workload._target_=tests.fake_workloads.TerminatedAt", "+model.workload.at_step=5",
+        run(FAKE + ["model.workload._target_=tests.fake_workloads.TerminatedAt", f"+model.workload.at_step={at_step}",
                     "warmup=1", "steps=3"])
     s = json.loads((tmp_path / "job" / "summary.json").read_text())
     assert s["success"] is True and s["failure"] is None and s["measured_steps"] == 3 and s["warmup_steps"] == 1
     assert s["mem_breakdown_bytes"] is None
-    assert s["unavailable"]["mem_breakdown_bytes"] == ("terminated during the untimed breakdown step, after the "
-                                                       "measured steps")
+    assert s["unavailable"]["mem_breakdown_bytes"] == "terminated during the untimed steps after the measured ones"
+    assert (s["mem_training_step"] is not None) == (at_step == 7), s["mem_training_step"]
 
 
 def test_a_system_exit_in_a_step_is_the_jobs_failure(run):

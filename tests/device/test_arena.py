@@ -9,7 +9,7 @@ import textwrap
 import pytest
 import torch
 
-from mtbench.planning import malloc
+from mtbench.device import arena
 from tests.helpers.run_if import run_if
 
 # In a fresh interpreter (mallopt would hold for every later test here): blocks made under `cached` and freed with
@@ -18,7 +18,7 @@ SCRIPT = textwrap.dedent("""
     import ctypes, re, sys
     import torch
     from mtbench.device import peak
-    from mtbench.planning.malloc import in_own_arena
+    from mtbench.device.arena import in_own_arena
     libc = ctypes.CDLL("libc.so.6")
     libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
     libc.free.argtypes = [ctypes.c_void_p]
@@ -80,7 +80,7 @@ def test_a_cached_probe_in_its_own_arena_leaves_live_tensors_mapped_fresh():
 
 ARENA = textwrap.dedent("""
     import sys, threading
-    from mtbench.planning.malloc import in_own_arena, on_main_heap
+    from mtbench.device.arena import in_own_arena, on_main_heap
     hold = threading.Event()
     for _ in range(int(sys.argv[1])):  # threads that hold an arena each
         threading.Thread(target=lambda: (on_main_heap(), hold.wait()), daemon=True).start()
@@ -101,20 +101,20 @@ def test_the_probe_knows_when_glibc_gave_its_thread_the_main_heap():
 
 def test_in_own_arena_returns_and_raises_as_the_call_would_and_keeps_the_thread_count():
     threads = torch.get_num_threads()
-    result, _ = malloc.in_own_arena(lambda: {"threads": torch.get_num_threads()})
+    result, _ = arena.in_own_arena(lambda: {"threads": torch.get_num_threads()})
     assert result == {"threads": threads}
 
     def fails() -> dict:
         raise MemoryError("out of memory")
 
     with pytest.raises(MemoryError, match="out of memory"):
-        malloc.in_own_arena(fails)
+        arena.in_own_arena(fails)
 
 
 INTERRUPT = textwrap.dedent("""
     import os, signal, threading, time
     import torch
-    from mtbench.planning.malloc import in_own_arena
+    from mtbench.device.arena import in_own_arena
     w = torch.nn.Parameter(torch.rand(1 << 18))
     steps = []
 
@@ -129,7 +129,7 @@ INTERRUPT = textwrap.dedent("""
     try:
         in_own_arena(probe)
     except KeyboardInterrupt:
-        alive = any(t.name == "mtbench-cached-probe" for t in threading.enumerate())
+        alive = any(t.name == "mtbench-own-arena" for t in threading.enumerate())
         print(len(steps), alive)
 """)
 
