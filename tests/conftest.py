@@ -8,7 +8,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-from pathlib import Path
 from typing import List
 
 import pytest
@@ -17,6 +16,7 @@ from hydra import initialize_config_dir
 
 from mtbench import config
 from tests.helpers.compose import FAKE, FAST, REPO, compose_cfg  # noqa: F401 - the tests import them from here
+from tests.helpers.env import child_env
 
 # the tests' jobs take their device locks in a folder of their own: an mtbench run elsewhere on this machine
 # (a benchmark) neither waits for them nor makes them wait, and neither do the jobs of another pytest-xdist worker:
@@ -78,7 +78,7 @@ def as_nobody() -> List[str]:
 
 
 def mtbench_cli(*args: str, cwd=None, timeout: float = 600) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env = child_env()
     return subprocess.run(
         [sys.executable, "-m", "mtbench", *args],
         cwd=cwd or REPO, env=env, capture_output=True, text=True, timeout=timeout,

@@ -3,12 +3,12 @@ inside functions, and no package module grows past 400 lines without saying why 
 from __future__ import annotations
 
 import ast
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from tests.helpers.env import child_env
 
 REPO = Path(__file__).resolve().parent.parent
 MAX_LINES = 400
@@ -16,7 +16,7 @@ MAX_LINES = 400
 
 def test_import_contracts_hold():
     pytest.importorskip("importlinter", reason="import-linter is in the test extra: pip install -e '.[test]'")
-    env = dict(os.environ, PYTHONPATH=str(REPO))
+    env = child_env()
     proc = subprocess.run([sys.executable, "-c", "import sys; from importlinter.cli import lint_imports_command; "
                            "sys.exit(lint_imports_command())"], cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=300)

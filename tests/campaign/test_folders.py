@@ -10,12 +10,13 @@ import pytest
 
 from mtbench.campaign.folders import CLAIM, free_dir
 from tests.conftest import REPO
+from tests.helpers.env import child_env
 
 JOB = ["model=squeezenet", "batch=1", "device=cpu", "warmup=0", "memory.breakdown=false"]
 
 
 def cli(*args, cwd=REPO, **kw):
-    env = dict(os.environ, PYTHONPATH=str(REPO))
+    env = child_env()
     return subprocess.run([sys.executable, "-m", "mtbench", *args], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=300, **kw)
 
@@ -35,7 +36,7 @@ def test_a_default_folder_taken_gives_way_to_the_next_free_name(tmp_path):
 
 @pytest.mark.slow
 def test_two_default_runs_started_together_keep_both_results(tmp_path):
-    env = dict(os.environ, PYTHONPATH=str(REPO))
+    env = child_env()
     cmd = [sys.executable, "-m", "mtbench", *JOB, "steps=2", f"lock_dir={tmp_path}"]
     runs = [subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             for _ in range(2)]
@@ -63,7 +64,7 @@ def test_a_second_sweep_into_a_finished_sweeps_folder_is_refused_and_replaces_no
 
 
 def test_a_run_into_a_folder_another_run_is_writing_is_refused(tmp_path):
-    env = dict(os.environ, PYTHONPATH=str(REPO))
+    env = child_env()
     first = subprocess.Popen([sys.executable, "-m", "mtbench", *JOB, "steps=100000", f"hydra.run.dir={tmp_path}",
                               f"lock_dir={tmp_path}"], cwd=REPO, env=env, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True)

@@ -21,6 +21,7 @@ import pytest
 
 from tests.conftest import REPO, mtbench_cli
 from tests.helpers.run_if import run_if
+from tests.helpers.env import child_env
 
 # two jobs of the smallest CNN (two are enough to see them take turns on the CPU's lock); one thread each, because
 # submitit_local starts both at once; no memory breakdown (its tracked step is tested elsewhere)
@@ -123,7 +124,7 @@ def test_sigterm_to_a_submitit_local_sweep_stops_its_jobs_and_nothing_outlives_i
     """Issue 51 item 2: `kill <mtbench's pid>` during a submitit_local sweep exited 143 at once with no line, and
     both jobs (submitit's workers ignore SIGTERM) trained on under ppid 1 and finished "success". Now the jobs
     record "terminated", the command says so, and no process it started outlives it."""
-    env = dict(os.environ, PYTHONPATH=str(REPO))
+    env = child_env()
     sweep = subprocess.Popen(
         [sys.executable, "-m", "mtbench", "-m", "hydra/launcher=submitit_local", "hydra.launcher.timeout_min=10",
          "allow_parallel=true", "model=squeezenet", "batch=1,2", "device=cpu", "warmup=0", "steps=100000",

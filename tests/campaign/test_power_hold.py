@@ -23,6 +23,7 @@ from mtbench.errors import UsageError
 from tests.conftest import REPO
 from tests.fake_sysfs import install_fake_nvpmodel, make_power_board
 from tests.device.test_power import files_of
+from tests.helpers.env import child_env
 
 BASIC = power_hold.IN_PROCESS[0]
 STATUS = "var/lib/nvpmodel/status"
@@ -60,7 +61,7 @@ def job(root, lock_dir, out, **keys) -> power.PowerControl:
 
 
 def cli(tmp_path, *args, **popen):
-    env = dict(os.environ, PYTHONPATH=str(REPO), PATH=os.environ["PATH"])
+    env = child_env(PATH=os.environ["PATH"])
     env.pop(power_record.HOLD_ENV, None)
     argv = [sys.executable, "-m", "mtbench", *args]
     if popen:

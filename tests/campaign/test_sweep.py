@@ -13,12 +13,13 @@ import pytest
 from mtbench.results.reader import field_problems
 from tests.conftest import REPO, mtbench_cli
 from tests.helpers.lock import held_lock
+from tests.helpers.env import child_env
 
 JOB = ["model=squeezenet", "batch=1", "device=cpu", "warmup=1", "steps=4", "memory.breakdown=false"]
 
 
 def _cli(*args: str) -> subprocess.Popen:
-    env = dict(os.environ, PYTHONPATH=str(REPO))
+    env = child_env()
     return subprocess.Popen([sys.executable, "-m", "mtbench", *args], cwd=REPO, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
 

@@ -6,6 +6,7 @@ import json
 import pytest
 
 from tests.conftest import mtbench_cli
+from tests.helpers.env import child_env
 
 
 @pytest.mark.parametrize(
@@ -72,7 +73,7 @@ def test_ctrl_c_writes_an_interrupted_summary_and_exits_130(tmp_path):
 
     from tests.conftest import REPO, ctrl_c_raises
 
-    env = dict(__import__("os").environ, PYTHONPATH=str(REPO))
+    env = child_env()
     with ctrl_c_raises():
         proc = subprocess.Popen([sys.executable, "-m", "mtbench", "model=vgg16", "batch=8", "device=cpu", "warmup=0",
                                  "steps=500", f"hydra.run.dir={tmp_path}"], cwd=REPO, env=env,
@@ -245,6 +246,6 @@ def test_values_are_refused_under_python_dash_O(override):
     code = ("import sys; from mtbench.config_overrides import check_overrides; from mtbench.errors import UsageError\n"
             f"try:\n    check_overrides([{override!r}])\nexcept UsageError as exc:\n    print(exc); sys.exit(2)\n")
     proc = subprocess.run([sys.executable, "-O", "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120,
-                          env=dict(__import__("os").environ, PYTHONPATH=str(REPO)))
+                          env=child_env())
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert f"{override.split('=')[0]}=" in proc.stdout and "is not allowed" in proc.stdout

@@ -14,6 +14,7 @@ import pytest
 
 from mtbench.commands import registry
 from tests.conftest import REPO, as_nobody, mtbench_cli, needs_predictor
+from tests.helpers.env import child_env
 
 
 def one_line(proc: subprocess.CompletedProcess) -> str:
@@ -61,7 +62,7 @@ def test_argparse_errors_end_in_the_one_printer(capsys):
 def test_registry_imports_no_torch():
     proc = subprocess.run([sys.executable, "-c", "import sys, mtbench.commands.registry, mtbench.commands.sample; "
                            "print('torch' in sys.modules)"], cwd=REPO, capture_output=True, text=True,
-                          env=dict(os.environ, PYTHONPATH=str(REPO)))
+                          env=child_env())
     assert proc.stdout.strip() == "False", proc.stderr
 
 
@@ -95,7 +96,7 @@ def test_an_interval_from_an_experiment_yaml_is_checked_before_the_job(tmp_path)
     shutil.copytree(REPO / "conf", tmp_path / "conf")
     (tmp_path / "conf" / "experiment" / "fast_sampler.yaml").write_text(
         "# @package _global_\nsampler:\n  interval_ms: 0.001\n")
-    env = dict(os.environ, PYTHONPATH=str(REPO))
+    env = child_env()
     proc = subprocess.run([sys.executable, "-m", "mtbench", "experiment=fast_sampler", "model=squeezenet",
                            "device=cpu", "steps=1", "warmup=0", "batch=1", f"hydra.run.dir={tmp_path / 'run'}",
                            f"hydra.searchpath=[file://{tmp_path / 'conf'}]"], cwd=REPO, env=env,
@@ -119,7 +120,7 @@ def test_a_read_only_sweep_folder_is_one_line():
     base = Path(tempfile.mkdtemp(prefix="mtbench-ro-"))
     try:
         os.chmod(base, 0o755)
-        env = dict(os.environ, PYTHONPATH=str(REPO), HOME=str(base))
+        env = child_env(HOME=str(base))
         proc = subprocess.run([*nobody, sys.executable, "-m", "mtbench", "-m", "model=squeezenet", "batch=1,2", f"hydra.sweep.dir={base}/sweep"],
                               cwd=str(base), env=env, capture_output=True, text=True, timeout=300)
         assert "is not writable by this user" in one_line(proc) and str(base) in proc.stderr
@@ -136,7 +137,7 @@ def test_a_default_run_from_a_folder_this_user_cannot_write_is_one_line(sweep):
     base = Path(tempfile.mkdtemp(prefix="mtbench-ro-"))
     try:
         os.chmod(base, 0o755)  # root's: user nobody cannot write it
-        env = dict(os.environ, PYTHONPATH=str(REPO), HOME=str(base))
+        env = child_env(HOME=str(base))
         args = ["-m", "batch=1,2"] if sweep else ["batch=1"]
         proc = subprocess.run([*nobody, sys.executable, "-m", "mtbench", "model=squeezenet", *args], cwd=str(base),
                               env=env, capture_output=True, text=True, timeout=300)

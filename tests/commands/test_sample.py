@@ -13,6 +13,7 @@ import pytest
 
 from mtbench.results.files import REQUIRED_KEYS
 from tests.conftest import REPO, as_nobody, ctrl_c_raises
+from tests.helpers.env import child_env
 
 BUSY = "import time\nt = time.monotonic()\nwhile time.monotonic() - t < {s}: pass\n"
 MARKED = """
@@ -47,7 +48,7 @@ def timer_cpu_pct(stderr: str) -> float:
 
 
 def sample(*args, timeout=120):
-    env = dict(os.environ, PYTHONPATH=str(REPO))
+    env = child_env()
     return subprocess.run([sys.executable, "-m", "mtbench.commands.sample", *args], capture_output=True, text=True,
                           timeout=timeout, env=env, cwd=REPO)
 
@@ -174,7 +175,7 @@ def test_the_marker_warns_on_a_read_only_step_file(tmp_path):
             f.write("1.0 2.0\n")
         os.chmod(steps, 0o444)
         code = "from mtbench.marker import step\nfor i in range(2):\n    with step(): pass\nprint('done')"
-        proc = subprocess.run([*nobody, sys.executable, "-c", code], env=dict(os.environ, PYTHONPATH=str(REPO), MTBENCH_STEP_FILE=steps),
+        proc = subprocess.run([*nobody, sys.executable, "-c", code], env=child_env(MTBENCH_STEP_FILE=steps),
                               capture_output=True, text=True, timeout=60, cwd=base)
         assert proc.returncode == 0 and proc.stdout.strip() == "done", proc.stderr
         assert proc.stderr.count("cannot write step marks") == 1 and "PermissionError" in proc.stderr
@@ -227,7 +228,7 @@ while True:
 def test_second_ctrl_c_stops_the_command_and_writes_the_results(tmp_path):
     """Issue 8 item 11: a second Ctrl-C ends the command (TERM, then KILL) without a traceback; exit 130."""
     pid_file = tmp_path / "pid"
-    env = dict(os.environ, PYTHONPATH=str(REPO))
+    env = child_env()
     with ctrl_c_raises():
         proc = subprocess.Popen([sys.executable, "-m", "mtbench.commands.sample", "--sensors", "none", "--kill-after-s",
                                  "0.5", "--out", str(tmp_path / "out"), "--", sys.executable, "-c", STUBBORN,

@@ -14,6 +14,7 @@ from mtbench.device.oom import is_oom
 from mtbench.device.targets import Target, load_target
 from tests.conftest import compose_cfg
 from tests.helpers.run_if import run_if
+from tests.helpers.env import child_env
 
 CPU = torch.device("cpu")
 
@@ -166,7 +167,7 @@ def test_a_preloaded_allocator_is_said_not_glibc(allocator):
     import subprocess
 
     library = _system_library(_PRELOADABLE[allocator])
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]))
+    env = child_env()
     plain = subprocess.run([sys.executable, "-c", _THRESHOLD], capture_output=True, text=True, env=env, timeout=120)
     preloaded = subprocess.run([sys.executable, "-c", _THRESHOLD], capture_output=True, text=True, timeout=120,
                                env=dict(env, LD_PRELOAD=library))
@@ -226,7 +227,7 @@ for _ in range(20):
     x = torch.ones(6 * 2 ** 20); del x  # 24 MiB each: below the 32 MiB threshold, at the heap's top
 print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 """
-    base = dict(__import__("os").environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]))
+    base = child_env()
     base.pop("THP_MEM_ALLOC_ENABLE", None)
     out = {}
     # live in 4 KiB pages (huge pages kept off by the user's variable), cached, and live as a job runs it (in huge pages

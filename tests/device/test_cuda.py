@@ -10,15 +10,14 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 import subprocess
 import sys
 
 import pytest
 import torch
 
-from tests.conftest import REPO
 from tests.helpers.run_if import run_if
+from tests.helpers.env import child_env
 
 pytestmark = run_if(cuda=True)
 
@@ -96,7 +95,7 @@ def test_a_cuda_job_in_its_own_process(tmp_path):
 def _fresh_process(tmp_path, script: str) -> dict:
     """`script` in a Python process of its own (no cuBLAS workspace nor allocator setting of earlier tests);
     it prints one JSON object last."""
-    env = dict(os.environ, PYTHONPATH=str(REPO))
+    env = child_env()
     proc = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,
                           timeout=600)
     assert proc.returncode == 0, proc.stderr

@@ -14,6 +14,7 @@ import pytest
 from mtbench.job import isolation
 from tests.conftest import REPO
 from tests.fake_workloads import _Base
+from tests.helpers.env import child_env
 
 # What 4.9's mm/oom_kill.c prints (the chosen process, then the one killed), and 5.x's one line (global OOM and
 # a memory cgroup's), as /dev/kmsg gives them: "priority,sequence,microseconds,flags;text"
@@ -128,7 +129,7 @@ def test_a_job_the_oom_killer_ends_on_kernel_4_9_is_oom(tmp_path):
                            "~model.workload.num_classes",
                            "model.workload._target_=tests.device.test_oom.KilledByTheKernel",
                            f"+model.workload.kmsg={kmsg}"],
-                          cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)), capture_output=True, text=True,
+                          cwd=REPO, env=child_env(), capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0, proc.stderr
     s = json.loads((tmp_path / "job" / "summary.json").read_text())

@@ -21,6 +21,7 @@ from tests.fake_nvml import FakeGpu, fake_pynvml
 from tests.fake_sysfs import install_fake_nvpmodel, kernel_write, make_power_board
 from tests.helpers.run_if import run_if
 from tests.helpers.compose import FAKE as FAKE_JOB
+from tests.helpers.env import child_env
 
 CPU = types.SimpleNamespace(type="cpu", index=None)
 FAKE = [*FAKE_JOB, "batch=1"]
@@ -191,7 +192,7 @@ def test_restored_after_success_failure_and_ctrl_c(board, run, workload, success
 
 
 def _isolated(tmp_path, board, *overrides):
-    env = dict(os.environ, PYTHONPATH=str(REPO), PATH=f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
+    env = child_env(PATH=f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
     args = [sys.executable, str(REPO / "tests" / "isolated_job.py"), str(tmp_path / "job"), *FAKE,
             f"power.sysfs_root={board}", "power.nvpmodel=MODE_15W", "power.cpu_max_khz=729600", *overrides]
     return subprocess.Popen(args, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

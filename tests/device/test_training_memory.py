@@ -12,6 +12,8 @@ import pytest
 
 from mtbench.sampling.procfs import PAGE_SIZE, parse_anon
 from tests.conftest import REPO
+from tests.helpers.env import child_env
+from tests.helpers.run_if import run_if
 
 # memory.cpu_malloc=auto without a budget: the measured steps run under glibc's own (dynamic) threshold, whose
 # resident peak moves by itself from run to run (4.6 % over four runs of mobilenetv2 b16); training memory is
@@ -48,8 +50,7 @@ def _evict_libraries() -> int:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not hasattr(os, "posix_fadvise") or not os.path.exists("/proc/self/statm"),
-                    reason="needs posix_fadvise and /proc (Linux)")
+@run_if(linux=True, why="posix_fadvise evicts the libraries, /proc gives the memory figures")
 def test_training_memory_does_not_follow_the_page_cache(tmp_path):
     """The same job in fresh processes, the libraries evicted from the page cache before the first (cold) and not
     before the second (warm): its training memory differs by at most 2 % (VmHWM, which counts the libraries' mapped
@@ -59,7 +60,7 @@ def test_training_memory_does_not_follow_the_page_cache(tmp_path):
         if run == 0:
             assert _evict_libraries() > 0
         out = tmp_path / f"run{run}"
-        env = dict(os.environ, PYTHONPATH=str(REPO))
+        env = child_env()
         proc = subprocess.run([sys.executable, "-m", "mtbench", *JOB, f"hydra.run.dir={out}"], cwd=REPO, env=env,
                               capture_output=True, text=True, timeout=600)
         assert proc.returncode == 0, proc.stderr[-2000:]

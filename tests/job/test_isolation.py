@@ -15,12 +15,13 @@ import pytest
 from tests.conftest import REPO, ctrl_c_raises, mtbench_cli
 from tests.helpers.run_if import run_if
 from tests.helpers.compose import FAKE as FAKE_JOB
+from tests.helpers.env import child_env
 
 FAKE = FAKE_JOB
 
 
 def isolated(out_dir, *overrides: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=str(REPO))
+    env = child_env()
     return subprocess.run([sys.executable, str(REPO / "tests" / "isolated_job.py"), str(out_dir), *overrides],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
 
@@ -62,7 +63,7 @@ def test_real_cpu_out_of_memory_is_oom(tmp_path):
 @pytest.mark.slow
 def test_a_sweep_goes_on_past_a_job_killed_by_sigkill(tmp_path):
     """The real failure: the middle job's process is killed from outside, as the OOM killer would."""
-    env = dict(os.environ, PYTHONPATH=str(REPO))
+    env = child_env()
     sweep = subprocess.Popen(
         [sys.executable, "-m", "mtbench", "-m", "model=squeezenet", "batch=1", "device=cpu", "warmup=0",
          "steps=1,100000,2", "memory.breakdown=false", f"hydra.sweep.dir={tmp_path}"],
@@ -96,7 +97,7 @@ def test_a_sweep_goes_on_past_a_job_killed_by_sigkill(tmp_path):
 
 @pytest.mark.slow
 def test_ctrl_c_to_the_parent_reaches_the_job(tmp_path):
-    env = dict(os.environ, PYTHONPATH=str(REPO))
+    env = child_env()
     with ctrl_c_raises():
         proc = subprocess.Popen([sys.executable, str(REPO / "tests" / "isolated_job.py"), str(tmp_path / "job"),
                                  *FAKE, "model.workload._target_=tests.fake_workloads.BusyLoop", "steps=1000",
@@ -117,7 +118,7 @@ def test_ctrl_c_to_the_parent_reaches_the_job(tmp_path):
 def test_a_job_started_with_ctrl_c_ignored_keeps_ignoring_it(tmp_path):
     """A script's `mtbench ... &` (or nohup) starts with SIGINT ignored, and Ctrl-C on the terminal still reaches
     its process group: neither the sweep's process nor the job's may end on it."""
-    env = dict(os.environ, PYTHONPATH=str(REPO))
+    env = child_env()
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # an ignored signal stays ignored across exec
     try:
         proc = subprocess.Popen([sys.executable, str(REPO / "tests" / "isolated_job.py"), str(tmp_path / "job"),
@@ -254,7 +255,7 @@ def test_the_kernels_oom_killer_is_recorded_as_oom(tmp_path):
     if group is None:
         pytest.skip("no memory cgroup can be made here (needs root and a writable memory controller)")
     try:
-        env = dict(os.environ, PYTHONPATH=str(REPO))
+        env = child_env()
         # the sweep's own process holds torch's libraries (~0.5 GB); VGG16's (ImageNet form: 134M parameters)
         # weights, gradients and momentum 1.6 GB
         cmd = (f"echo $$ > {group}/cgroup.procs && exec {sys.executable} -m mtbench model=vgg16 batch=2 device=cpu "
@@ -281,7 +282,7 @@ def _wait_for(path, seconds: float = 120) -> None:
 def test_sigterm_to_a_running_job_keeps_its_measured_steps(tmp_path, signame, code):
     """What SLURM's preemption, Kubernetes, `timeout` and `kill` send, to the job's whole process group (as a
     scheduler does): the job records "terminated" with its steps and samples, the command exits 128 + signal."""
-    env = dict(os.environ, PYTHONPATH=str(REPO))
+    env = child_env()
     proc = subprocess.Popen([sys.executable, str(REPO / "tests" / "isolated_job.py"), str(tmp_path / "job"),
                              *FAKE, "model.workload._target_=tests.fake_workloads.BusyLoop", "steps=1000",
                              "+model.workload.seconds=0.02", f"+model.workload.ready_file={tmp_path / 'ready'}"],
@@ -305,7 +306,7 @@ def test_sigterm_to_a_running_job_keeps_its_measured_steps(tmp_path, signame, co
 def test_sigterm_to_the_jobs_own_process_is_a_recorded_result(tmp_path):
     """`kill <pid of the job's process>`: that job is "terminated" with its steps; the command that ran it goes on
     (exit 0 here: the job's summary is returned, as for a job that failed)."""
-    env = dict(os.environ, PYTHONPATH=str(REPO))
+    env = child_env()
     proc = subprocess.Popen([sys.executable, str(REPO / "tests" / "isolated_job.py"), str(tmp_path / "job"),
                              *FAKE, "model.workload._target_=tests.fake_workloads.BusyLoop", "steps=1000",
                              "+model.workload.seconds=0.02", f"+model.workload.ready_file={tmp_path / 'ready'}"],
@@ -324,7 +325,7 @@ def test_sigterm_to_the_jobs_own_process_is_a_recorded_result(tmp_path):
 
 @pytest.mark.slow
 def test_sigterm_to_a_sweep_keeps_the_running_jobs_summary_and_stops_it(tmp_path):
-    env = dict(os.environ, PYTHONPATH=str(REPO))
+    env = child_env()
     sweep = subprocess.Popen(
         [sys.executable, "-m", "mtbench", "-m", "model=squeezenet", "batch=1", "device=cpu", "warmup=0",
          "steps=1,100000,2", "memory.breakdown=false", f"hydra.sweep.dir={tmp_path}", f"lock_dir={tmp_path}"],

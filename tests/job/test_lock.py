@@ -117,13 +117,12 @@ def test_a_lock_dir_that_is_not_absolute_is_refused(folder):
 
 @pytest.mark.slow
 def test_an_empty_MTBENCH_LOCK_DIR_is_one_line(tmp_path):
-    env = dict(os.environ, MTBENCH_LOCK_DIR="")
     import subprocess
     import sys
 
-    from tests.conftest import REPO
+    from tests.helpers.env import child_env
 
-    env["PYTHONPATH"] = str(REPO)
+    env = child_env(MTBENCH_LOCK_DIR="")
     proc = subprocess.run([sys.executable, "-m", "mtbench", "model=squeezenet", "batch=1", "steps=1", "warmup=0",
                            f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path, env=env, capture_output=True,
                           text=True, timeout=300)

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 import subprocess
 import sys
 
@@ -15,6 +14,7 @@ from mtbench.job.run import run_job
 from tests.conftest import REPO, compose_cfg, mtbench_cli
 from tests.fake_sysfs import make_tx2
 from tests.sampling.test_telemetry import TX2_POWER
+from tests.helpers.env import child_env
 
 OOM = ["model.workload._target_=tests.fake_workloads.OutOfMemory", "~model.workload.net",
        "~model.workload.optimizer", "~model.workload.input_shape", "~model.workload.num_classes"]
@@ -83,7 +83,7 @@ def test_report_of_a_mtbench_sample_folder(tmp_path):
     out = tmp_path / "run"
     proc = subprocess.run([sys.executable, "-m", "mtbench.commands.sample", "--sensors", "none", "--out", str(out), "--",
                            sys.executable, "-c", "import time; time.sleep(0.2)"],
-                          capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(REPO)), cwd=REPO)
+                          capture_output=True, text=True, env=child_env(), cwd=REPO)
     assert proc.returncode == 0, proc.stderr
     assert json.loads((out / "summary.json").read_text())["batch_size"] is None
     report = make_report(tmp_path)

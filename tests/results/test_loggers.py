@@ -17,7 +17,8 @@ import pytest
 from mtbench.commands.cli import main
 from mtbench.job.run import run_job
 from mtbench.results import loggers
-from tests.conftest import REPO, compose_cfg
+from tests.conftest import compose_cfg
+from tests.helpers.env import child_env
 
 CHILD = """import json, os, sys
 from pathlib import Path
@@ -32,7 +33,7 @@ def _log_in_child(cfg: dict, folder: Path, cwd=None) -> dict:
     """The logger as a job runs it: in the job's own process (here a child), so that the tracker's threads (wandb's
     service manager, OpenTelemetry exporters) end with that process and do not linger in the test process, where
     they took the GIL from later timing tests (test_telemetry's 5 ms sampler)."""
-    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env = child_env()
     proc = subprocess.run([sys.executable, "-c", CHILD, json.dumps(cfg), str(folder)], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
@@ -234,8 +235,7 @@ def test_a_tracking_server_that_never_answers_holds_the_job_seconds_not_minutes(
         silent.bind(("127.0.0.1", 0))
         silent.listen(16)  # the kernel completes each handshake; nothing ever answers
         port = silent.getsockname()[1]
-        env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_HTTP")}
-        env["PYTHONPATH"] = str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")
+        env = child_env({k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_HTTP")})
         cfg = {"logger": {"name": "mlflow", "tracking_uri": f"http://127.0.0.1:{port}"}}
         proc = subprocess.run([sys.executable, "-c", SILENT_CHILD, json.dumps(cfg), str(copy_of)], env=env,
                               capture_output=True, text=True, timeout=120)

@@ -15,6 +15,7 @@ from mtbench.results import live
 from mtbench.results.live import LiveLine, Progress, ProcessStats, ProgressSender
 from tests.conftest import REPO, compose_cfg, needs_predictor
 from tests.helpers.compose import FAKE as FAKE_JOB
+from tests.helpers.env import child_env
 
 FAKE = [*FAKE_JOB, "model.workload._target_=tests.fake_workloads.BusyLoop"]
 
@@ -145,7 +146,7 @@ def test_no_progress_is_sent_inside_a_timed_step(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_an_isolated_job_prints_its_phases_off_a_terminal(tmp_path):
-    env = dict(os.environ, PYTHONPATH=str(REPO))
+    env = child_env()
     proc = subprocess.run([sys.executable, str(REPO / "tests" / "isolated_job.py"), str(tmp_path / "job"), *FAKE,
                            "+model.workload.seconds=0.01", "warmup=1", "steps=2"],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
@@ -231,7 +232,7 @@ def test_a_cached_models_listing_imports_no_torch(tmp_path):
             "except SystemExit as exc:\n"
             "    assert exc.code == 0, exc.code\n"
             "print('torch imported:', 'torch' in sys.modules)\n")
-    env = dict(os.environ, PYTHONPATH=str(REPO), XDG_CACHE_HOME=str(tmp_path))
+    env = child_env(XDG_CACHE_HOME=str(tmp_path))
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert "torch imported: False" in proc.stdout and "from the cache" in proc.stdout and "4.2" in proc.stdout
@@ -316,7 +317,7 @@ def test_maxbatch_and_predict_default_to_the_scheme_and_say_where(tmp_path, monk
 def test_mtbench_sample_defaults_to_the_scheme(tmp_path):
     import re
 
-    env = dict(os.environ, PYTHONPATH=str(REPO))
+    env = child_env()
     proc = subprocess.run([sys.executable, "-m", "mtbench.commands.sample", "--sensors", "none", "--", "true"],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr

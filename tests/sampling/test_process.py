@@ -24,25 +24,8 @@ from mtbench.workload.base import SetupContext
 from tests.conftest import compose_cfg
 from tests.fake_sysfs import make_tx2, write_value
 from tests.fake_workloads import BusyLoop
+from tests.helpers.busy import start_duty
 from tests.job.test_isolation import FAKE, isolated
-
-# A child that waits for a line on stdin, spins for `duty` of every 10 ms slice for `seconds`, then prints the
-# monotonic start and end of its loop and the CPU time it got in between: the truth, from its own clock (on a
-# loaded machine a spinning process is not on a core all the time it spins); it exits on a second line
-CHILD = """
-import sys, time
-duty, seconds = float(sys.argv[1]), float(sys.argv[2])
-sys.stdin.readline()
-start = time.monotonic(); cpu0 = time.process_time()
-while time.monotonic() - start < seconds:
-    t = time.monotonic()
-    while time.monotonic() - t < 0.010 * duty:
-        pass
-    if duty < 1:
-        time.sleep(0.010 * (1 - duty))
-print(start, time.monotonic(), time.process_time() - cpu0, flush=True)
-sys.stdin.readline()
-"""
 
 TX2_POWER = {"VDD_IN": 9000, "VDD_SYS_GPU": 3500, "VDD_SYS_CPU": 1500, "VDD_SYS_SOC": 900, "VDD_SYS_DDR": 700,
              "VDD_4V0_WIFI": 100}
@@ -110,8 +93,7 @@ def test_samples_come_back_complete_and_in_order():
 
 @pytest.mark.parametrize("duty", [1.0, 0.5])
 def test_known_load_reads_the_same_in_process_and_thread(duty):
-    child = subprocess.Popen([sys.executable, "-c", CHILD, str(duty), "1.0"], stdin=subprocess.PIPE,
-                             stdout=subprocess.PIPE, text=True)
+    child = start_duty(duty, 1.0, gated=True)
     in_process = ProcessSampler(["procfs"], {"procfs": {"pid": child.pid}}, interval_ms=5).start()
     sensor = ProcfsSensor(pid=child.pid)
     in_thread = Sampler([sensor], interval_ms=5).start()

@@ -15,28 +15,12 @@ from mtbench.sampling.procfs import ProcfsSensor, parse_meminfo, parse_proc, par
 from mtbench.sampling.sampler import Samples, StepMark
 from mtbench.sampling.sensor import COUNTER, GAUGE, Field
 from mtbench.sampling.windows import cpu_utilization, process_cpu_pct, summarize, system_memory_peak_bytes
-
-# A child that reports "go", then for `seconds` spins for `duty` of every 10 ms slice and sleeps the rest,
-# then prints the monotonic start and end of that loop and the CPU time it got in between (the truth, from
-# its own clock: on a loaded machine a spinning process is not on a core all the time it spins).
-CHILD = """
-import sys, time
-duty, seconds = float(sys.argv[1]), float(sys.argv[2])
-print("go", flush=True)
-start = time.monotonic(); cpu0 = time.process_time()
-while time.monotonic() - start < seconds:
-    t = time.monotonic()
-    while time.monotonic() - t < 0.010 * duty:
-        pass
-    if duty < 1:
-        time.sleep(0.010 * (1 - duty))
-print(start, time.monotonic(), time.process_time() - cpu0, flush=True)
-"""
+from tests.helpers.busy import start_duty
 
 
 @pytest.mark.parametrize("duty", [1.0, 0.5])
 def test_cpu_of_a_known_load_within_5_points(duty):
-    child = subprocess.Popen([sys.executable, "-c", CHILD, str(duty), "1.5"], stdout=subprocess.PIPE, text=True)
+    child = start_duty(duty, 1.5)
     sensor = ProcfsSensor(pid=child.pid)
     sampler = Sampler([sensor], interval_ms=5).start()
     assert child.stdout.readline().strip() == "go"
@@ -192,7 +176,7 @@ def test_benchmark_times_whole_steps_not_launches():
 
 def test_process_cpu_from_its_clock_agrees_with_proc_pid_stat():
     # the sensor reads the process's CPU clock (ns, one call); /proc/<pid>/stat floors the same time to ticks
-    child = subprocess.Popen([sys.executable, "-c", CHILD, "1.0", "0.3"], stdout=subprocess.PIPE, text=True)
+    child = start_duty(1.0, 0.3)
     child.stdout.readline()
     child.stdout.readline()  # its loop is over: its CPU time stands still while it exits
     sensor = ProcfsSensor(pid=child.pid)
