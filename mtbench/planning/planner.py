@@ -76,8 +76,8 @@ class Planner:
                               if self.device.type == "cpu" or peak.integrated(self.device) else None)
         cpu_malloc = self.settings.cpu_malloc
         self.held = apply_budget(self.target, self.device, cpu_malloc)
-        if (self.held["budget_bytes"] is not None or self.budget_bytes is not None) and self.runtime_bytes is not None:
-            self.held["budget_runtime_bytes"] = self.runtime_bytes  # taken off the training (board) peak compared
+        if self.runtime_bytes is not None:  # taken off the training (board) peak a budget compares; unbudgeted too,
+            self.held["budget_runtime_bytes"] = self.runtime_bytes  # for a calibration's fit (predict/fit.py)
         if self.held["budget_bytes"] is None and self.device.type == "cpu":
             # no peak check: memory.cpu_malloc as asked (auto: live where memory.budget_file alone steers the plan,
             # so that its probes measure as a budgeted job's; else glibc's own settings)

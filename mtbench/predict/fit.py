@@ -33,26 +33,23 @@ def read_summaries(folder: Path) -> List[Dict[str, Any]]:
 
 
 def measured_training_bytes(s: Dict[str, Any]) -> Optional[int]:
-    """The job's training memory: on CPU the peak less the resident memory before the model was built
-    (mem_runtime_bytes), on CUDA the allocator's peak; None where the summary lacks it."""
+    """A job's training memory as a budget compares it and the predictor predicts it: on CPU the training memory
+    less the runtime's own memory before the model was built (mem_training_bytes - budget_runtime_bytes,
+    device/budget.py), in older summaries the resident peak less the resident memory then (mem_peak_bytes -
+    mem_runtime_bytes, which also counts file-backed pages and glibc's holes); on CUDA the allocator's peak. None
+    where the summary lacks it."""
     peak = s.get("mem_peak_bytes")
     if peak is None:
         return None
     if s.get("mem_peak_source") == "cuda_allocator":
         return int(peak)
+    training, runtime = s.get("mem_training_bytes"), s.get("budget_runtime_bytes")
+    if s.get("mem_training_source") == "rss_hwm_less_file" and training is not None and runtime is not None:
+        return int(training) - int(runtime)
     before = s.get("mem_runtime_bytes")
     if s.get("mem_peak_source") != "process_rss" or before is None:
         return None
     return int(peak) - int(before)
-
-
-def budget_held_bytes(s: Dict[str, Any]) -> Optional[int]:
-    """A CPU job's memory as its budget compared it (device/budget.py): the training memory less the runtime's own
-    memory (budget_runtime_bytes), else `measured_training_bytes`."""
-    training, runtime = s.get("mem_training_bytes"), s.get("budget_runtime_bytes")
-    if s.get("mem_training_source") == "rss_hwm_less_file" and training is not None and runtime is not None:
-        return int(training) - int(runtime)
-    return measured_training_bytes(s)
 
 
 def calibrate(folder: Path, target: Optional[str] = None, out: Optional[str] = None,

@@ -255,7 +255,7 @@ class Predictor:
                                 "(Workload.host_bytes: a replay buffer's touched pages)")
         peak = (reserved if reserved is not None else tensors) + runtime
         budget = self.target.memory_budget_bytes
-        step_s, roofline_s, time_note = self._time(trace)
+        step_s, roofline_s, time_note = self._host_time(trace, *self._time(trace))
         return Prediction(
             model=model, batch_size=batch, target=self.target.name, device=self.device, traced=traced,
             tensors_bytes=int(tensors), breakdown_bytes={k: int(v) for k, v in parts.items()},
@@ -281,6 +281,17 @@ class Predictor:
         if self.cpu_malloc_live:
             return DEFAULT_NON_TENSOR_BYTES_CPU_LIVE, DEFAULT_NON_TENSOR_NOTE_CPU_LIVE
         return DEFAULT_NON_TENSOR_BYTES_CPU, DEFAULT_NON_TENSOR_NOTE_CPU
+
+    def _host_time(self, trace: StepTrace, step_s: Optional[float], roofline_s: Optional[float],
+                   note: str) -> Tuple[Optional[float], Optional[float], str]:
+        """The ops' time plus what the workload spent outside torch's ops (an emulator), timed by the trace on this
+        host: counted where the job would run here (target none), said and left out for a board's CPU."""
+        if not trace.host_s or step_s is None:
+            return step_s, roofline_s, note
+        outside = f"{trace.host_s:.4f} s a step outside torch's ops (Workload.host_seconds: an emulator's steps)"
+        if not self.target.is_none:
+            return step_s, roofline_s, f"{note}; not counted: {outside} on this host, not known for {self.target.name}"
+        return step_s + trace.host_s, roofline_s, f"{note}; + {outside}, timed in the trace on this host"
 
     def _time(self, trace: StepTrace) -> Tuple[Optional[float], Optional[float], str]:
         peak_flops, bandwidth = self.target.peak_fp32_flops, self.target.dram_bandwidth_bytes_per_s

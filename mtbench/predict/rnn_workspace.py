@@ -9,8 +9,8 @@ import torch
 from mtbench.device import hugepages
 
 # Runs at up to 2 x RUN_AT samples are exact; a larger batch is extrapolated from two runs (RUN_AT, 2 x RUN_AT): the
-# workspace is page-aligned sections that grow linearly with the batch (LSTM, hidden 128, 20 steps: 44 pages at 1,
-# 313 at 8, 625 at 16, 1250 at 32, 3907 at 100, 5000 at 128 pages of 4 KiB), so the error is a few pages (0.2 %)
+# workspace is page-aligned sections that grow linearly with the batch, so the error is a few pages (the sizes
+# measured: docs/prediction.md "An LSTM's workspace")
 RUN_AT = 8
 PAGE = mmap.PAGESIZE
 # A workspace this large is always mapped fresh by glibc (above its largest mmap threshold, 32 MiB, under glibc's own
@@ -97,9 +97,9 @@ def workspace_bytes(args: Tuple[Any, ...], kwargs: Dict[str, Any],
     op is run on zeros of the same shapes (once per shape), outside every dispatch mode.
 
     A workspace of at least `fresh_from` bytes (a CPU's malloc maps it fresh: glibc above its mmap threshold, 32 MiB
-    at most, 128 KiB under memory.cpu_malloc=live) counts only the part the layer's forward and backward write,
-    about 60 % of it (LSTM: 0.325 after the forward, 0.595 after the backward, from 8 x 20 x 128 to 64 x 200 x
-    256): the rest of the mapping is never touched, so never resident. A smaller one comes from the heap, whose
+    at most, 128 KiB under memory.cpu_malloc=live) counts only the part the layer's forward and backward write
+    (the share measured by running one; docs/prediction.md): the rest of the mapping is never touched, so never
+    resident. A smaller one comes from the heap, whose
     pages earlier tensors made resident, and counts whole, as every byte does on a GPU (fresh_from=None).
     """
     bound = LAYER_OP._schema.arguments

@@ -36,6 +36,7 @@ class StepTrace:
     events: List[Tuple[int, int, str]] = field(default_factory=list)
     trace_s: float = 0.0  # wall time the trace took
     host_bytes: int = 0  # what the workload holds outside tensors after the job's steps (Workload.host_bytes)
+    host_s: float = 0.0  # seconds a step spent outside torch's ops on this host (Workload.host_seconds)
 
 
 def _walk_state(obj: Any, seen: set, depth: int = 0) -> Iterator[Any]:
@@ -290,18 +291,14 @@ def trace_step(make_workload: Callable[[], Workload], ctx: SetupContext, fake: b
             workload.step()
         peak = tracker.get_tracker_snapshot("peak")
     host = workload.host_bytes(max(0, later_steps - 2))  # the trace ran two of the job's steps
-    dev_snap = _device_snapshot(peak, ctx.device)
-    parts = breakdown(dev_snap, inputs_bytes, state_bytes)
+    parts = breakdown(_device_snapshot(peak, ctx.device), inputs_bytes, state_bytes)
     return StepTrace(
-        device=str(ctx.device.type),
-        fake=fake,
-        peak_tensor_bytes=int(sum(parts.values())),
-        breakdown_bytes=parts,
-        inputs_bytes=inputs_bytes,
-        state_bytes=state_bytes,
+        device=str(ctx.device.type), fake=fake, peak_tensor_bytes=int(sum(parts.values())), breakdown_bytes=parts,
+        inputs_bytes=inputs_bytes, state_bytes=state_bytes,
         flops=int(flops.get_total_flops() + counter.flops_fix), forward_flops=int(counter.forward_flops),
         bytes_moved=int(counter.bytes_moved), ops=int(counter.ops), op_classes=counter.classes,
         events=tracker.events, trace_s=time.monotonic() - start, host_bytes=int(host),
+        host_s=float(workload.host_seconds()),
     )
 
 

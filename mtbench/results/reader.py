@@ -160,6 +160,7 @@ FIELD_TYPES: Dict[str, Tuple[Check, str]] = {
     "mem_peak_source": (_opt(_str), "a string or null"),
     "mem_system_peak_bytes": (_num, "a number of bytes or null"),
     "mem_runtime_bytes": (_num, "a number of bytes or null"),
+    "budget_runtime_bytes": (_num, "a number of bytes or null"),
     "mem_training_bytes": (_num, "a number of bytes or null"),
     "mem_training_sampled_bytes": (_num, "a number of bytes or null"),
     "mem_file_bytes": (_num, "a number of bytes or null"),

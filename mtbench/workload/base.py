@@ -145,6 +145,11 @@ class Workload(abc.ABC):
         `later_steps` more steps have run: the predictor adds it on a CPU, where it counts against a budget."""
         return 0
 
+    def host_seconds(self) -> float:
+        """Seconds of its last step the workload spent outside torch's ops (an emulator's environment steps), as it
+        timed them: the predictor adds it to the ops' time on the host that traced it. 0 where it spends none."""
+        return 0.0
+
     def close(self) -> None:
         """Release what the workload opened (an environment, files); the runner calls it after the job."""
 

@@ -71,3 +71,66 @@ def test_nothing_fits_and_the_limit():
 def test_an_error_that_is_not_memory_stops_the_search():
     guided = search_guided(FakeProber(100, broken=105), predicted=100)
     assert guided.error is not None and "a bug" in guided.error and guided.max_batch == 100
+
+
+class AffineProber(FakeProber):
+    """A CPU as the probes see it: training memory `fixed` + `per_sample` x batch (+ `curve` x batch^2), held to
+    `budget`; a batch fits while its training memory is within it."""
+
+    def __init__(self, fixed: int, per_sample: int, budget: int, curve: int = 0) -> None:
+        self.fixed, self.per_sample, self.budget, self.curve = fixed, per_sample, budget, curve
+        super().__init__(max(b for b in range(0, 10 ** 5) if self.memory(b) <= budget))
+
+    def memory(self, batch: int) -> int:
+        return self.fixed + self.per_sample * batch + self.curve * batch * batch
+
+    def __call__(self, batch: int) -> Probe:
+        self.calls.append(batch)
+        used = self.memory(batch)
+        fits = used <= self.budget
+        return Probe(batch, fits, None if fits else "budget", None if fits else "over", used, 0.0,
+                     training_bytes=used, budget_bytes=self.budget)
+
+
+@pytest.mark.parametrize("fixed, per_sample, curve", [(300 << 20, 5 << 20, 0), (120 << 20, 9 << 20, 0),
+                                                       (200 << 20, 3 << 20, 512)])
+def test_on_a_cpu_two_small_probes_draw_the_line_and_no_trace_runs(monkeypatch, fixed, per_sample, curve):
+    """Training memory is close to affine in the batch: the line through the probes at 8 and 16 meets the budget
+    at the max batch, which two more probes confirm (the predictor's traces, 8-9 s a model, do not run); a curve
+    that bends the line costs a probe or two more, not a wrong answer."""
+    import argparse
+
+    from mtbench.campaign import maxbatch
+
+    monkeypatch.setattr(maxbatch, "predicted_max_batch", lambda *a, **k: pytest.fail("the predictor traced"))
+    prober = AffineProber(fixed, per_sample, 1536 << 20, curve)
+    args = argparse.Namespace(start=2, limit=4096, tolerance=0.05)
+    guided = maxbatch.guided("resnet50", "nano", [], prober, args)
+    _agrees_with_full(guided, prober.true_max)
+    assert prober.calls[:2] == [8, 16] and len(prober.calls) <= (4 if curve == 0 else 6), prober.calls
+
+
+def test_where_twice_the_small_batch_does_not_fit_the_search_bisects_between_them(monkeypatch):
+    import argparse
+
+    from mtbench.campaign import maxbatch
+
+    monkeypatch.setattr(maxbatch, "predicted_max_batch", lambda *a, **k: pytest.fail("the predictor traced"))
+    prober = AffineProber(1000 << 20, 40 << 20, 1536 << 20)  # 13 fits, 14 does not
+    guided = maxbatch.guided("vgg19", "nano", [], prober, argparse.Namespace(start=2, limit=4096, tolerance=0.05))
+    _agrees_with_full(guided, prober.true_max)
+    assert guided.max_batch == 13 and prober.calls[:2] == [8, 16]
+
+
+def test_without_training_memory_a_gpu_probe_falls_back_to_the_predictors_traces(monkeypatch):
+    import argparse
+
+    from mtbench.campaign import maxbatch
+
+    asked = []
+    monkeypatch.setattr(maxbatch, "predicted_max_batch",
+                        lambda model, target, overrides, start, measured: asked.append(measured) or (130, "traced"))
+    prober = FakeProber(137)  # its probes carry no training memory, as a CUDA job's
+    guided = maxbatch.guided("resnet50", "tx2", [], prober, argparse.Namespace(start=2, limit=4096, tolerance=0.05))
+    _agrees_with_full(guided, 137)
+    assert asked == [None] and prober.calls[0] == 8

@@ -326,3 +326,23 @@ def test_calibrate_names_an_unknown_target_and_what_is_allowed(tmp_path, capsys)
     assert err.startswith("mtbench: error: target='nosuch' is not known; allowed: ") and "tx2" in err
     assert "\n" not in err
 
+
+
+def test_an_emulators_time_is_added_on_this_host_and_left_out_for_a_board(tmp_path, monkeypatch):
+    """DQN's step is four emulator steps (no op of torch's) and an update: the trace times the emulator's part
+    (Workload.host_seconds) and the prediction adds it to the ops' time on this host; for a board it is said, not
+    added (the board's CPU runs the emulator at another speed)."""
+    monkeypatch.setenv(calibration.ENV_DIR, str(tmp_path))
+    from mtbench.predict.predictor import Predictor
+
+    monkeypatch.setattr(Predictor, "_time", lambda self, trace: (1.0, None, "the ops' time"))
+    small = ("model.workload.learning_starts=40", "model.workload.buffer_size=100")
+    here = Predictor(target_name="none", device="cpu", overrides=small)
+    trace, _ = here.trace("dqn", 8)
+    assert 0 < trace.host_s < 1.0, trace.host_s  # four steps of the emulator, timed in the trace's last step
+    p = here.predict("dqn", 8)
+    assert p.step_time_s == pytest.approx(1.0 + trace.host_s) and "outside torch's ops" in p.time_note
+    board = Predictor(target_name="nano", device="cpu", overrides=small).predict("dqn", 8)
+    assert board.step_time_s == 1.0 and "not counted" in board.time_note, board.time_note
+    tiny = ("model.workload.ngf=4", "model.workload.ndf=4")
+    assert Predictor(target_name="none", device="cpu", overrides=tiny).predict("dcgan", 2).step_time_s == 1.0

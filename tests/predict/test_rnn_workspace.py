@@ -1,8 +1,6 @@
 """The trace's LSTM workspace: torch's fake tensors give oneDNN's RNN layer an empty one; the trace gives the real size."""
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import sys
 
 import pytest
@@ -15,6 +13,7 @@ from mtbench.predict import rnn_workspace  # noqa: E402
 from mtbench.predict.trace import trace_step  # noqa: E402
 from mtbench.workload.base import SetupContext  # noqa: E402
 from tests.helpers.run_if import run_if  # noqa: E402
+from tests.helpers.env import child_env
 
 if rnn_workspace.LAYER_OP is None:
     pytest.skip(f"torch {torch.__version__} has no aten::mkldnn_rnn_layer (its CPU LSTM keeps no such workspace)",
@@ -87,12 +86,11 @@ print(sum(v & 1 for v in vec) * page, rnn_workspace.workspace_bytes(tuple(_fake_
 def test_the_resident_share_is_what_the_kernel_says_is_resident():
     """The resident estimate against the kernel's own count (mincore) of the pages a real layer's forward and
     backward left resident in a freshly mapped workspace."""
-    import os
     import subprocess
     from pathlib import Path
 
     repo = str(Path(__file__).resolve().parents[2])
-    env = dict(os.environ, PYTHONPATH=repo)
+    env = child_env()
     proc = subprocess.run([sys.executable, "-c", RESIDENCY], capture_output=True, text=True, env=env, cwd=repo,
                           timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -102,7 +100,7 @@ def test_the_resident_share_is_what_the_kernel_says_is_resident():
 
 
 class _Lstm:
-    """A workload of one two-layer LSTM (the trace's interface: setup, step, modules, host_bytes)."""
+    """A workload of one two-layer LSTM (the trace's interface: setup, step, modules, host_bytes, host_seconds)."""
 
     def __init__(self) -> None:
         self.net = torch.nn.LSTM(32, 64, 2, batch_first=True)
@@ -122,6 +120,9 @@ class _Lstm:
 
     def host_bytes(self, later_steps):
         return 0
+
+    def host_seconds(self):
+        return 0.0
 
 
 def test_a_traced_lstm_holds_its_workspace_as_real_tensors_do(monkeypatch):
