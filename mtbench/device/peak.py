@@ -251,7 +251,7 @@ class PeakMemory:
                                     "peak"}
 
 
-def measure_training_step(device: torch.device, step: Callable[[], Any]) -> Dict[str, Any]:
+def measure_training_step(device: torch.device, step: Callable[[], Any], then_glibc: bool = False) -> Dict[str, Any]:
     """Training memory of a CPU job whose measured steps ran under glibc's own malloc (memory.cpu_malloc=auto
     without a budget): two more steps, untimed, with the mmap threshold fixed as under `live`, in a thread of its
     own (an arena of its own); the heap is given back (malloc_trim) and the high-water mark reset between them, and
@@ -264,7 +264,9 @@ def measure_training_step(device: torch.device, step: Callable[[], Any]) -> Dict
     memory, so the main heap, trimmed, would fault them in again. In a fresh arena every tensor above the
     threshold is a mapping of its own, given back when freed: the peak follows what the step holds, as in a job
     held to a budget under `live`; the first step settles the thread's arena and its OpenMP team. The measured
-    steps keep glibc's own settings, so their time is a default training loop's."""
+    steps keep glibc's own settings, so their time is a default training loop's. then_glibc (profile=true, whose
+    profiled steps follow): afterwards the settings glibc's own rule reaches once a step freed a 32 MiB tensor
+    (mmap threshold 32 MiB, trim threshold twice it); its dynamic rule cannot be turned on again."""
     if device.type != "cpu":
         return {}
     live = hold_malloc_to_live_memory()
@@ -279,6 +281,8 @@ def measure_training_step(device: torch.device, step: Callable[[], Any]) -> Dict
         return {}
 
     _, main_heap = in_own_arena(two_steps)
+    if then_glibc:
+        mallopt({M_MMAP_THRESHOLD: CACHED_MMAP_BYTES, M_TRIM_THRESHOLD: 2 * CACHED_MMAP_BYTES})
     hwm = hwm_bytes()
     figures = training_peak(hwm) if hwm is not None else {}
     if not figures:

@@ -293,3 +293,12 @@ def job_figures(profiler: Profiler, samples: Samples, marks: Sequence[Any], inte
         "mem_peak_bytes": (profiled_mem or {}).get("mem_peak_bytes"),
         **figures,
     }
+
+
+def of_job(job: Any, samples: Optional[Samples]) -> Optional[Dict[str, Any]]:
+    """A job's (job/run.py's Job) profiled steps' ops and layers joined with the telemetry: `job_figures`; None
+    when nothing was profiled or measured (no samples, a failed job)."""
+    if job.profiler is None or samples is None or job.sampler is None or job.failure is not None:
+        return None
+    return job_figures(job.profiler, samples, job.sampler.marks, job.interval_ms, job.out_dir, job.reference,
+                       job.durations, job.profiled_mem)

@@ -160,7 +160,7 @@ class Job:
             self.progress.phase("reference (unprofiled)", spec.steps)
             peak.reset()
             self.reference = [self._timed_step(i, warmup=True) for i in range(first, first + spec.steps)]
-            first, self.unprofiled_mem = first + spec.steps, peak.read()
+            first, self.unprofiled_mem = first + spec.steps, self._training_memory(peak.read(), then_glibc=True)
             self.profiler = Profiler(self.device, self.workload.modules(), first_step=first)
         peak.reset(trim=(self.planner.held.get("cpu_malloc") or {}).get("setting") == "live")
         self.progress.phase("measure" + (" (profiled)" if self.profiler else ""), spec.steps)
@@ -178,11 +178,15 @@ class Job:
         self.progress.phase("breakdown")
         self.failure = self.planner.budget_failure(self.mem)
         self.extra = self.workload.extra_metrics(len(self.durations))  # before the untimed steps below add theirs
-        if not self.planner.held.get("cpu_malloc"):  # auto, no budget: glibc's own; training memory in 2 steps more
-            self.mem = {**self.mem, **memory.measure_training_step(self.device, self.workload.step)}
+        self.mem = self.mem if self.profiler is not None else self._training_memory(self.mem, then_glibc=False)
         # where the peak went: one more step under torch's MemTracker after the measured steps (memory.breakdown)
         self.breakdown, self.breakdown_reason = breakdown_bytes(self.workload, self.device,
                                                                 enabled=setting(self.cfg, "memory.breakdown", True))
+
+    def _training_memory(self, mem: Dict[str, Any], then_glibc: bool) -> Dict[str, Any]:
+        """auto without a budget (glibc's own malloc): training memory from two untimed steps more (device/peak.py)."""
+        held = self.planner.held.get("cpu_malloc")
+        return mem if held else {**mem, **memory.measure_training_step(self.device, self.workload.step, then_glibc)}
 
     def _timed_step(self, index: int, warmup: bool) -> float:
         assert self.workload is not None and self.sampler is not None
@@ -367,22 +371,14 @@ def _release(job: Job) -> None:
     job.power.restore()  # whatever ended the job
 
 
-def _profile(job: Job, samples) -> Optional[Dict[str, Any]]:
-    """Join the profiled steps' ops and layers with the telemetry; None when nothing was profiled."""
-    if job.profiler is None or samples is None or job.sampler is None or job.failure is not None:
-        return None
-    from mtbench.job import profile as profiling
-
-    return profiling.job_figures(job.profiler, samples, job.sampler.marks, job.interval_ms, job.out_dir,
-                                 job.reference, job.durations, job.profiled_mem)
-
-
 def _write(job: Job, samples) -> None:
     summary = job.summary(samples)
     summary["profiled"] = job.profiler is not None
     if job.profiler is not None:
+        from mtbench.job import profile as profiling
+
         try:
-            summary["profile"] = _profile(job, samples)
+            summary["profile"] = profiling.of_job(job, samples)
         except Exception as exc:  # the measurements stand without the attribution; say why it is missing
             summary["profile"] = {"error": f"{type(exc).__name__}: {exc}"}
             log.warning("profile attribution failed", exc_info=True)
