@@ -10,7 +10,7 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from mtbench.campaign.prediction import predicted_max_batch
 from mtbench import interpreter
@@ -38,7 +38,6 @@ class Probe:
     seconds: float
     plan: Optional[str] = None  # the memory plan the probe ran under (memory_plan.label; auto's choice)
     training_bytes: Optional[int] = None  # CPU: what the budget is held against (the peak less the runtime)
-    budget_bytes: Optional[int] = None  # the budget it was held against (summary.json budget_bytes)
 
 
 @dataclass
@@ -161,48 +160,22 @@ def search_guided(fits_at: Callable[[int], Probe], predicted: int, limit: int = 
 
 def guided(model: str, target: str, overrides: List[str], fits_at: Callable[[int], Probe],
             args: argparse.Namespace) -> Search:
-    """The guided search: on a CPU, probes at a small batch and at twice it, and the line through their training
-    memory (close to affine in the batch) meets the budget at the predicted max batch; where that line cannot be
-    drawn (a GPU, whose probes give no training memory), the predictor's traces, shifted by what the small probe
-    held besides tensors (the predictor can only assume it: 48 MiB under a budget, 117-127 MiB measured on resnet50
-    and densenet40 on one VM, 15-58 on another). search_guided confirms. Where the small probe does not fit, or no
-    prediction can be made, the full search runs; where twice it does not fit, the search bisects between them."""
+    """The guided search: a probe at a small batch measures what the job holds besides tensors (the predictor can
+    only assume it: 48 MiB under a budget, 117-127 MiB measured on resnet50 and densenet40 on one VM, 15-58 on
+    another), the prediction is shifted by it, and search_guided confirms. Where that probe does not fit, or no
+    prediction can be made, the full search runs."""
     began = time.monotonic()
     small = min(args.limit, FIRST_FACTORS[0] * args.start)  # the prediction's first trace
     first = fits_at(small)
-    predicted, why, probes = None, f"the probe at batch {small} did not fit ({first.kind})", [first]
-    if first.fits and first.training_bytes is not None and first.budget_bytes is not None and 2 * small <= args.limit:
-        second = fits_at(2 * small)
-        probes.append(second)
-        if not second.fits and second.kind in DOES_NOT_FIT:
-            print(f"    batch {2 * small} does not fit: the search bisects from {small}", flush=True)
-            return search(fits_at, start=small, limit=args.limit, tolerance=args.tolerance, model=model,
-                          probes=probes, spent=time.monotonic() - began)
-        predicted, why = affine_max_batch(first, second)
-    if first.fits and predicted is None:
+    predicted, why = None, f"the probe at batch {small} did not fit ({first.kind})"
+    if first.fits:
         measured = (small, first.training_bytes) if first.training_bytes is not None else None
         predicted, why = predicted_max_batch(model, target, overrides, args.start, measured)
-    print(f"    predicted max batch: {predicted if predicted else why + ': the full search runs'}"
-          + (f" ({why})" if predicted else ""), flush=True)
+    print(f"    predicted max batch: {predicted if predicted else why + ': the full search runs'}", flush=True)
     find = functools.partial(search_guided, predicted=predicted) if predicted else functools.partial(
         search, start=args.start)
-    return find(fits_at, limit=args.limit, tolerance=args.tolerance, model=model, probes=probes,
+    return find(fits_at, limit=args.limit, tolerance=args.tolerance, model=model, probes=[first],
                 spent=time.monotonic() - began)
-
-
-def affine_max_batch(first: Probe, second: Probe) -> Tuple[Optional[int], str]:
-    """The batch at which the line through two fitting probes' training memory meets their budget, or (None, why)
-    where there is no such line (a probe without the figure or the budget, memory that does not grow)."""
-    a, b = first.training_bytes, second.training_bytes
-    budget = first.budget_bytes
-    if not (second.fits and a is not None and b is not None and budget is not None and second.batch > first.batch):
-        return None, "the two small probes give no line"
-    slope = (b - a) / (second.batch - first.batch)
-    if slope <= 0:
-        return None, f"training memory did not grow from batch {first.batch} to {second.batch}"
-    return max(second.batch, int(first.batch + (budget - a) / slope)), (
-        f"the line through the training memory of batches {first.batch} and {second.batch}, "
-        f"{slope / 2**20:.2f} MiB a sample, meets the budget")
 
 
 def _probe_from_summary(batch: int, summary: Optional[Dict[str, Any]], seconds: float, why_missing: str) -> Probe:
@@ -211,8 +184,7 @@ def _probe_from_summary(batch: int, summary: Optional[Dict[str, Any]], seconds: 
     failure = summary.get("failure") or {}
     training = measured_training_bytes(summary) if summary.get("mem_peak_source") == "process_rss" else None
     return Probe(batch, bool(summary.get("success")), failure.get("kind"), failure.get("message"),
-                 summary.get("mem_peak_bytes"), seconds, (summary.get("memory_plan") or {}).get("label"), training,
-                 summary.get("budget_bytes"))
+                 summary.get("mem_peak_bytes"), seconds, (summary.get("memory_plan") or {}).get("label"), training)
 
 
 def probe_in_subprocess(overrides: List[str], batch: int, out_dir: Path) -> Probe:

@@ -25,9 +25,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tolerance", type=float, default=0.05,
                         help="stop bisecting when the gap is within this fraction of the largest fit (default 0.05)")
     parser.add_argument("--search", default="full", choices=("full", "guided"),
-                        help="full: doubling, then bisection; guided: start at a predicted max batch (on a CPU the line "
-                             "through two small probes, else the predictor's) and confirm it with probes (3-4 in all "
-                             "when the prediction is right; the full answer when it is not)")
+                        help="full: doubling, then bisection; guided: start at the predictor's max batch and confirm it "
+                             "with probes (2-3 probes when the prediction is right; the full answer when it is not)")
     parser.add_argument("--out", default=None, help="folder for maxbatch.json and the probes' job folders "
                                                     "(default maxbatch/<date>/<time>)")
     parser.add_argument("overrides", nargs="*", help="key=value, as for a job (model=..., target=..., device=...)")
