@@ -25,7 +25,7 @@ DEFAULT_NON_TENSOR_NOTE_CPU = ("assumed 256 MiB (libraries' pages, oneDNN primit
 # batch of resnet50, vgg16, mobilenetv2 and densenet40 under target=nano; docs/benchmarks.md).
 DEFAULT_NON_TENSOR_BYTES_CPU_LIVE = 48 << 20
 DEFAULT_NON_TENSOR_NOTE_CPU_LIVE = ("assumed 48 MiB (libraries' pages and oneDNN scratch with glibc's mmap threshold "
-                                    "fixed, as under a budget): not calibrated for this device")
+                                    "fixed, as training memory is measured): not calibrated for this device")
 
 
 def cublas_workspace_bytes(major: Optional[int], minor: Optional[int], config: Optional[str]) -> int:

@@ -127,16 +127,23 @@ def test_a_fifo_at_nv_tegra_release_does_not_block(tmp_path):
     assert info["board"] == "NVIDIA Jetson TX2" and info["l4t"] is None
 
 
+def _tx2_cores_and_tick_fields(tmp_path):
+    """A TX2 tree's cores as env.jetson reads them (2 Denver2, 4 Cortex-A57) and procfs's busy/total tick fields
+    of its six CPUs."""
+    from mtbench.sampling.sensor import COUNTER, Field
+
+    make_jetson(tmp_path, "NVIDIA Jetson TX2", TX2_RELEASE, [A57, DENVER2, DENVER2, A57, A57, A57],
+                "17000000.gp10b", 2035200)
+    fields = [Field(f"cpu{c}_{kind}_ticks", COUNTER, f"cpu_{kind}", str(c)) for c in range(6)
+              for kind in ("busy", "total")]
+    return env.jetson(str(tmp_path))["cpu_cores"], fields
+
+
 def test_tx2_cpu_util_grouped_by_core_type(tmp_path):
     """Issue 27 item 15: the paper reports Denver2 and Cortex-A57 apart; the sampler's figures group by type."""
     from mtbench.sampling.sampler import Samples
-    from mtbench.sampling.sensor import COUNTER, Field
     from mtbench.sampling.windows import cpu_util_by_core_type
-    make_jetson(tmp_path, "NVIDIA Jetson TX2", TX2_RELEASE, [A57, DENVER2, DENVER2, A57, A57, A57],
-                "17000000.gp10b", 2035200)
-    cores = env.jetson(str(tmp_path))["cpu_cores"]
-    fields = [Field(f"cpu{c}_{kind}_ticks", COUNTER, f"cpu_{kind}", str(c)) for c in range(6)
-              for kind in ("busy", "total")]
+    cores, fields = _tx2_cores_and_tick_fields(tmp_path)
     busy_per_s = [60, 10, 20, 60, 60, 60]  # ticks a second of 100: the A57s 60 % busy, the Denvers 10 and 20 %
     rows = [[v for c in range(6) for v in (busy_per_s[c] * t, 100 * t)] for t in (0.0, 1.0, 2.0)]
     got = cpu_util_by_core_type(Samples(fields, [0.0, 1.0, 2.0], rows), [(0.0, 2.0)], cores)
@@ -146,13 +153,8 @@ def test_tx2_cpu_util_grouped_by_core_type(tmp_path):
 def test_tx2_steps_csv_columns_per_core_type(tmp_path):
     """Issue 27 item 15: steps.csv has each step's busy % per core type beside the whole CPU's."""
     from mtbench.sampling.sampler import Samples, StepMark
-    from mtbench.sampling.sensor import COUNTER, Field
     from mtbench.sampling.windows import step_rows
-    make_jetson(tmp_path, "NVIDIA Jetson TX2", TX2_RELEASE, [A57, DENVER2, DENVER2, A57, A57, A57],
-                "17000000.gp10b", 2035200)
-    cores = env.jetson(str(tmp_path))["cpu_cores"]
-    fields = [Field(f"cpu{c}_{kind}_ticks", COUNTER, f"cpu_{kind}", str(c)) for c in range(6)
-              for kind in ("busy", "total")]
+    cores, fields = _tx2_cores_and_tick_fields(tmp_path)
     # second 0-1: the A57s 60 % busy, the Denvers idle; second 1-2: the Denvers 80 %, the A57s 20 %
     busy = {0.0: [0] * 6, 1.0: [60, 0, 0, 60, 60, 60], 2.0: [80, 80, 80, 80, 80, 80]}
     rows = [[v for c in range(6) for v in (busy[t][c], 100 * t)] for t in (0.0, 1.0, 2.0)]

@@ -2,10 +2,9 @@
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Dict
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.helpers.compose import REPO
 
 
 def child_env(base: Dict[str, str] = None, **extra: str) -> Dict[str, str]:
