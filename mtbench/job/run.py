@@ -185,8 +185,10 @@ class Job:
 
     def _training_memory(self, mem: Dict[str, Any], then_glibc: bool) -> Dict[str, Any]:
         """auto without a budget (glibc's own malloc): training memory from two untimed steps more (device/peak.py)."""
-        held = self.planner.held.get("cpu_malloc")
-        return mem if held else {**mem, **memory.measure_training_step(self.device, self.workload.step, then_glibc)}
+        if self.planner.held.get("cpu_malloc"):
+            return mem
+        self.workload.step_next_on_largest(range(self.spec.warmup, self.spec.warmup + self.spec.steps))
+        return {**mem, **memory.measure_training_step(self.device, self.workload.step, then_glibc)}
 
     def _timed_step(self, index: int, warmup: bool) -> float:
         assert self.workload is not None and self.sampler is not None

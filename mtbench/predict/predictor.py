@@ -356,6 +356,8 @@ def _trace_the_largest(workload: Any, batches: int, measured: range) -> None:
     (step i takes batch i % batches) second, where the trace's measured step (its second) takes it."""
     from dataclasses import replace
 
+    from mtbench.workload.base import largest_batch
+
     setup = workload.setup
 
     def prepared(ctx: Any) -> None:
@@ -363,8 +365,7 @@ def _trace_the_largest(workload: Any, batches: int, measured: range) -> None:
         held = workload.batches
         if len(held) < 2:
             return
-        size = [sum(t.numel() * t.element_size() for t in b if isinstance(t, torch.Tensor)) for b in held]
-        largest = max(sorted({i % len(held) for i in measured}), key=lambda i: size[i])
+        largest = largest_batch(held, measured)
         held[1], held[largest] = held[largest], held[1]
 
     workload.setup = prepared

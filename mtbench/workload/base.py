@@ -23,6 +23,12 @@ MAX_PREPARED_BATCHES = 8  # distinct input batches a job makes before timing; it
 StepLoss = Union[torch.Tensor, Dict[str, torch.Tensor], None]
 
 
+def largest_batch(batches: List[Any], steps: range) -> int:
+    """The index of the largest (by tensor bytes) of `batches` that steps `steps` take, step i taking i % len."""
+    size = [sum(t.numel() * t.element_size() for t in b if isinstance(t, torch.Tensor)) for b in batches]
+    return max(sorted({i % len(batches) for i in steps}), key=lambda i: size[i])
+
+
 @dataclass
 class SetupContext:
     device: torch.device  # where the model trains
@@ -139,6 +145,15 @@ class Workload(abc.ABC):
     def units_per_sample(self) -> Dict[str, float]:
         """Extra throughput units per sample, e.g. {"chars": 100} for a 100-character sequence."""
         return {}
+
+    def step_next_on_largest(self, measured: range) -> None:
+        """Make the step after next take the largest input batch the `measured` steps took (a PADDED_PER_BATCH
+        workload cycles through `self.batches` with `self.i`), so that the two untimed steps that measure training
+        memory see the job's peak, which the predictor traces; nothing for any other workload."""
+        held = getattr(self, "batches", None)
+        if self.PADDED_PER_BATCH and isinstance(held, list) and len(held) > 1:
+            self.i = largest_batch(held, measured) - 1
+
 
     def host_bytes(self, later_steps: int) -> int:
         """Memory the workload holds outside torch tensors (NumPy arrays: a replay buffer's touched pages) once

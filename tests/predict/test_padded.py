@@ -55,3 +55,26 @@ def test_a_padded_workload_is_traced_with_the_jobs_batches_held():
     single, _ = one.trace("seq2seq", 6)
     assert trace.inputs_bytes != 4 * single.inputs_bytes
     assert trace.peak_tensor_bytes >= single.peak_tensor_bytes
+
+
+@pytest.mark.parametrize("lengths, measured, largest", [
+    ([50, 10, 30, 20], range(1, 4), 30),
+    ([50, 10, 30, 20], range(0, 4), 50),
+    ([5, 10, 30, 20], range(1, 9), 30),
+    ([5, 40, 30, 20], range(1, 2), 40),
+])
+def test_the_memory_steps_train_on_the_batch_the_trace_takes(lengths, measured, largest):
+    """The runner's two untimed steps that measure training memory: the second (the measured one) takes the largest
+    batch of the measured steps, the batch the predictor traces, wherever the job's steps left off."""
+    from mtbench.workload.base import Workload
+
+    w = _Padded(lengths)
+    w.setup(_Ctx(batches=len(lengths)))
+    w.i = 7  # after warm-up and measured steps
+    Workload.step_next_on_largest(w, measured)
+    taken = [w.batches[(w.i + k) % len(w.batches)][0].numel() for k in (0, 1)]
+    assert taken[1] == largest
+    w.PADDED_PER_BATCH = False  # any other workload's steps go on as they were
+    w.i = 7
+    Workload.step_next_on_largest(w, measured)
+    assert w.i == 7
