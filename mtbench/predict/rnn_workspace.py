@@ -5,6 +5,7 @@ import mmap
 from typing import Any, Dict, Optional, Tuple
 
 import torch
+from torch.utils.weak import WeakIdKeyDictionary
 
 from mtbench.device import hugepages
 
@@ -21,7 +22,9 @@ GLIBC_MMAP_MAX = 32 << 20  # glibc's largest dynamic mmap threshold (DEFAULT_MMA
 MAX_SHARE_BATCH = 1 << 16  # no larger batch, and no larger input, is run to reach FRESH_BYTES
 MAX_SHARE_INPUT_BYTES = 256 << 20
 _SIZES: Dict[Tuple[Any, ...], int] = {}
-_TOUCHED: Dict[Tuple[Any, ...], float] = {}
+_TOUCHED: Dict[Tuple[Any, ...], Tuple[float, float]] = {}
+# a traced workspace -> the bytes its backward makes resident beyond what its forward wrote (`workspace`)
+_BACKWARD_GROWTH: WeakIdKeyDictionary = WeakIdKeyDictionary()
 
 
 def _layer_op() -> Any:
@@ -87,8 +90,34 @@ def stack_flops(func: Any, args: Tuple[Any, ...]) -> int:
     return forward * (1 + int(bool(mask[3])))
 
 
+def workspace(args: Tuple[Any, ...], kwargs: Dict[str, Any], device: Any,
+              fresh_from: Optional[int] = GLIBC_MMAP_MAX) -> torch.Tensor:
+    """The workspace `aten::mkldnn_rnn_layer(*args)` returns, as an empty tensor of the bytes it holds resident
+    once the forward ran (`workspace_bytes`); what the layer's backward writes on top of that, `held_during`
+    holds while the backward runs (the workspace is freed after it)."""
+    size, after_backward = workspace_bytes(args, kwargs, fresh_from, both=True)
+    ws = torch.empty(size, dtype=torch.uint8, device=device)
+    if after_backward > size:
+        _BACKWARD_GROWTH[ws] = after_backward - size
+    return ws
+
+
+def held_during(func: Any, args: Tuple[Any, ...]) -> Optional[torch.Tensor]:
+    """What oneDNN's LSTM layer holds beyond its tensors while its forward or backward runs, as a tensor to hold
+    that long: its scratchpad's gates, 4 x hidden floats per position (oneDNN's scratch_gates, allocated and freed
+    each call), and in the backward the workspace pages it writes beyond the forward's (`workspace`). Measured
+    against the process's resident high-water mark: docs/prediction.md. None for any other op."""
+    forward = is_rnn_layer(func)
+    if not (forward or is_rnn_backward(func)) or len(args) < 3 or not isinstance(args[0], torch.Tensor):
+        return None
+    size = _positions(args[0]) * 4 * int(args[2].shape[-1]) * 4  # args[2]: W_hh, (4 x hidden, hidden)
+    if not forward and isinstance(args[-1], torch.Tensor):
+        size += _BACKWARD_GROWTH.get(args[-1], 0)
+    return torch.empty(size, dtype=torch.uint8, device=args[0].device)
+
+
 def workspace_bytes(args: Tuple[Any, ...], kwargs: Dict[str, Any],
-                    fresh_from: Optional[int] = GLIBC_MMAP_MAX) -> int:
+                    fresh_from: Optional[int] = GLIBC_MMAP_MAX, both: bool = False) -> Any:
     """Bytes of the workspace `aten::mkldnn_rnn_layer(*args)` returns on real tensors: none where gradients are off
     (the kernel keeps one whenever autograd records, whatever its `train` flag says).
 
@@ -97,16 +126,17 @@ def workspace_bytes(args: Tuple[Any, ...], kwargs: Dict[str, Any],
     op is run on zeros of the same shapes (once per shape), outside every dispatch mode.
 
     A workspace of at least `fresh_from` bytes (a CPU's malloc maps it fresh: glibc above its mmap threshold, 32 MiB
-    at most, 128 KiB under memory.cpu_malloc=live) counts only the part the layer's forward and backward write
-    (the share measured by running one; docs/prediction.md): the rest of the mapping is never touched, so never
-    resident. A smaller one comes from the heap, whose
-    pages earlier tensors made resident, and counts whole, as every byte does on a GPU (fresh_from=None).
+    at most, 128 KiB under memory.cpu_malloc=live) counts only the part the layer's forward writes (the share
+    measured by running one; docs/prediction.md): the rest of the mapping is never touched until the backward,
+    so not resident while the layer waits for it; with both=True, (that, the part written once the backward ran
+    too). A smaller one comes from the heap, whose pages earlier tensors made resident, and counts whole, as
+    every byte does on a GPU (fresh_from=None).
     """
     bound = LAYER_OP._schema.arguments
     named = {a.name: v for a, v in zip(bound, args)}
     named.update(kwargs)
     if not torch.is_grad_enabled():  # the caller's grad mode: the dispatcher below autograd leaves it as it was
-        return 0
+        return (0, 0) if both else 0
     packed = bool(named.get("batch_sizes")) or named["input"].dim() != 3
     batch = int(named["hx_"].shape[0])
     if packed or batch <= 2 * RUN_AT:  # a packed sequence: its own shapes only
@@ -114,9 +144,11 @@ def workspace_bytes(args: Tuple[Any, ...], kwargs: Dict[str, Any],
     else:
         high, per_sample = _line(named)
         size = int(high + per_sample * (batch - 2 * RUN_AT))
+    forward = backward = 1.0
     if fresh_from is not None and size >= fresh_from and not packed:
-        size = int(size * _touched_share(named))
-    return -(-size // 4096) * 4096
+        forward, backward = _touched_shares(named)
+    pages = [-(-int(size * share) // 4096) * 4096 for share in (forward, backward)]
+    return tuple(pages) if both else pages[0]
 
 
 def _line(named: Dict[str, Any]) -> Tuple[int, float]:
@@ -158,9 +190,10 @@ def _nominal(named: Dict[str, Any], batch: Optional[int]) -> int:
     return _SIZES[key]
 
 
-def _touched_share(named: Dict[str, Any]) -> float:
-    """The share of the workspace's pages the layer's forward and backward write, at a batch whose workspace is
-    mapped fresh (FRESH_BYTES), so that a page it never writes reads as zero; cached per shape less the batch."""
+def _touched_shares(named: Dict[str, Any]) -> Tuple[float, float]:
+    """The shares of the workspace's pages the layer's forward writes, and its forward and backward together, at a
+    batch whose workspace is mapped fresh (FRESH_BYTES), so that a page it never writes reads as zero; cached per
+    shape less the batch."""
     from torch.utils._python_dispatch import _disable_current_modes
 
     key = _key(named, 1)
@@ -169,22 +202,28 @@ def _touched_share(named: Dict[str, Any]) -> float:
         batch = 2 * RUN_AT + int(max(0, FRESH_BYTES - high) / per_sample) + 1 if per_sample > 0 else 0
         inputs = named["input"].numel() * named["input"].element_size() // max(1, int(named["hx_"].shape[0])) * batch
         if not 0 < batch <= MAX_SHARE_BATCH or inputs > MAX_SHARE_INPUT_BYTES:  # a tiny workspace: counted whole
-            _TOUCHED[key] = 1.0
-            return 1.0
+            _TOUCHED[key] = (1.0, 1.0)
+            return _TOUCHED[key]
         with _disable_current_modes(), torch.enable_grad():
             real = _real_args(named, batch, 0.01)  # not zeros: a written page must read as non-zero
             output, hy, cy, ws = LAYER_OP(*real.values())
+            forward = _written_share(ws)
             grads = [torch.full_like(t, 0.01) for t in (output, hy, cy)]
             torch.ops.aten.mkldnn_rnn_layer_backward.default(
                 real["input"], real["weight0"], real["weight1"], real["weight2"], real["weight3"], real["hx_"],
                 real["cx_"], output, hy, cy, *grads, real["reverse"], real["mode"], real["hidden_size"],
                 real["num_layers"], real["has_biases"], real["train"], real["bidirectional"], real["batch_sizes"],
                 real["batch_first"], ws)
-            grain = _resident_grain()
-            pages = ws.numel() // grain
-            written = int(ws[:pages * grain].view(pages, grain).ne(0).any(dim=1).sum()) if pages else 0
-            _TOUCHED[key] = written / pages if pages else 1.0
+            _TOUCHED[key] = (forward, _written_share(ws))
     return _TOUCHED[key]
+
+
+def _written_share(ws: torch.Tensor) -> float:
+    """The share of a workspace's resident units (`_resident_grain`) holding a non-zero byte."""
+    grain = _resident_grain()
+    pages = ws.numel() // grain
+    written = int(ws[:pages * grain].view(pages, grain).ne(0).any(dim=1).sum()) if pages else 0
+    return written / pages if pages else 1.0
 
 
 def _resident_grain() -> int:

@@ -157,6 +157,7 @@ class _StepCounter(torch.utils._python_dispatch.TorchDispatchMode):
 
         kwargs = kwargs or {}
         before = self.flop_counter.get_total_flops()
+        extra = rnn_workspace.held_during(func, args)  # an LSTM layer's scratch: held while the op runs
         try:
             out = func(*args, **kwargs)
         except DataDependentOutputException:  # a value read from a fake tensor: .item(), bool(t), ...
@@ -173,11 +174,11 @@ class _StepCounter(torch.utils._python_dispatch.TorchDispatchMode):
                 raise
             # a CPU kernel that reads an input's values (_pad_packed_sequence reads the batch sizes): the same
             out = self._dynamic_shape(func, args, kwargs)
+        del extra
         if self.fake_mode is None:  # tracing real tensors: they have their values
             return self._count(func, args, kwargs, out, before)
         if rnn_workspace.is_rnn_layer(func):  # the meta function's workspace is empty; the real one is not
-            size = rnn_workspace.workspace_bytes(args, kwargs, fresh_from=self.fresh_mapping_bytes)
-            out = (*out[:3], torch.empty(size, dtype=torch.uint8, device=out[3].device))
+            out = (*out[:3], rnn_workspace.workspace(args, kwargs, out[3].device, self.fresh_mapping_bytes))
         tensors_out = [t for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
         small = all(t.numel() <= SMALL_NUMEL for t in tensors_out)
         real = self._run_real(func, args, kwargs) if small else None
