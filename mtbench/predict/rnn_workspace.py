@@ -104,13 +104,17 @@ def workspace(args: Tuple[Any, ...], kwargs: Dict[str, Any], device: Any,
 
 def held_during(func: Any, args: Tuple[Any, ...]) -> Optional[torch.Tensor]:
     """What oneDNN's LSTM layer holds beyond its tensors while its forward or backward runs, as a tensor to hold
-    that long: its scratchpad's gates, 4 x hidden floats per position (oneDNN's scratch_gates, allocated and freed
-    each call), and in the backward the workspace pages it writes beyond the forward's (`workspace`). Measured
-    against the process's resident high-water mark: docs/prediction.md. None for any other op."""
+    that long: its scratchpad's gates, 4 x hidden floats per position (oneDNN's scratch_gates), its weights
+    reordered into oneDNN's layout (W_ih and W_hh once in the forward; twice in the backward, the weights and
+    their gradients), all allocated and freed by each call, and in the backward the workspace pages it writes
+    beyond the forward's (`workspace`). Measured against the process's resident high-water mark:
+    docs/prediction.md. None for any other op."""
     forward = is_rnn_layer(func)
     if not (forward or is_rnn_backward(func)) or len(args) < 3 or not isinstance(args[0], torch.Tensor):
         return None
     size = _positions(args[0]) * 4 * int(args[2].shape[-1]) * 4  # args[2]: W_hh, (4 x hidden, hidden)
+    weights = sum(int(w.numel()) * w.element_size() for w in args[1:3])  # W_ih, W_hh
+    size += weights if forward else 2 * weights
     if not forward and isinstance(args[-1], torch.Tensor):
         size += _BACKWARD_GROWTH.get(args[-1], 0)
     return torch.empty(size, dtype=torch.uint8, device=args[0].device)
