@@ -7,6 +7,8 @@ torch.utils.swap_tensors (2.3+) and torch.optim.*._default_to_fused_or_foreach o
 - `fake_mode`: FakeTensorMode whose converter skips the weak-value memo (so `Module.to` can swap tensors).
 - `swappable`: torch.utils.swap_tensors, wrapped to drop fake-tensor bookkeeping first.
 - `foreach_optimizers`: torch.optim's implementation choice as on a CUDA GPU.
+- `packed_on_fake`: `torch._VF._pad_packed_sequence` done in Python for fake data (the kernel makes its lengths
+  with the fake mode on and writes them through a data pointer).
 - `new_recording_tracker`: the trace's MemTracker subclass (keeps the order of allocations and frees), and
   `step_tracker_class`, the measured breakdown's (a network run twice in one step restarts its statistics).
 - `on_device`: `with torch.device(d):` (torch >= 2.0), and on torch 1.13 the same through a TorchFunctionMode.
@@ -40,6 +42,57 @@ def swappable(fake_mode: Any, counter: Any) -> Iterator[None]:
         yield
     finally:
         torch.utils.swap_tensors = original
+
+
+@contextlib.contextmanager
+def packed_on_fake(fake_mode: Any) -> Iterator[None]:
+    """Under `fake_mode`, `pad_packed_sequence` (torch.nn.utils.rnn calls `torch._VF._pad_packed_sequence`) on fake
+    data with real batch sizes runs the kernel's own steps in Python: its C++ makes the lengths with the data's
+    options, a tensor without data under a fake mode, then writes through its pointer. The same ops in the same
+    order (a padded tensor, one copy per run of equal batch sizes), so the trace sees what the kernel runs."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    if fake_mode is None:
+        yield
+        return
+    vf = torch._VF
+    own = vars(vf).get("_pad_packed_sequence")  # set on the module already (None: looked up in torch._C)
+    original = getattr(vf, "_pad_packed_sequence")
+
+    def pad_packed(data: Any, batch_sizes: Any, batch_first: bool, padding_value: float, total_length: int) -> Any:
+        if not isinstance(data, FakeTensor) or isinstance(batch_sizes, FakeTensor):
+            return original(data, batch_sizes, batch_first, padding_value, total_length)
+        return pad_packed_sequence_ops(data, batch_sizes, batch_first, padding_value, total_length)
+
+    setattr(vf, "_pad_packed_sequence", pad_packed)
+    try:
+        yield
+    finally:
+        if own is None:
+            delattr(vf, "_pad_packed_sequence")  # back to the module's own lookup (torch._C._VariableFunctions)
+        else:
+            setattr(vf, "_pad_packed_sequence", own)
+
+
+def pad_packed_sequence_ops(data: Any, batch_sizes: Any, batch_first: bool, padding_value: float,
+                            total_length: int) -> Tuple[Any, Any]:
+    """aten::_pad_packed_sequence as its CPU kernel computes it (PackedSequence.cpp): a tensor of padding, one
+    copy per run of equal batch sizes, the lengths from the batch sizes; batch_sizes must hold values."""
+    sizes = [int(b) for b in batch_sizes.tolist()]
+    steps = total_length if total_length > 0 else len(sizes)
+    output = torch.full((steps, sizes[0], *data.shape[1:]), padding_value, dtype=data.dtype, device=data.device)
+    lengths = [0] * sizes[0]
+    offset, previous, start = 0, sizes[0], 0
+    for i in range(len(sizes) + 1):
+        size = sizes[i] if i < len(sizes) else 0
+        if size != previous:
+            n = previous * (i - start)
+            output[start:i, :previous].copy_(data[offset:offset + n].view(i - start, previous, *data.shape[1:]))
+            offset, start = offset + n, i
+        for j in range(size, previous):
+            lengths[j] = i
+        previous = size
+    return (output.transpose(0, 1) if batch_first else output), torch.tensor(lengths, dtype=torch.int64)
 
 
 @contextlib.contextmanager

@@ -55,6 +55,26 @@ def test_a_padded_workload_is_traced_with_the_jobs_batches_held():
     single, _ = one.trace("seq2seq", 6)
     assert trace.inputs_bytes != 4 * single.inputs_bytes
     assert trace.peak_tensor_bytes >= single.peak_tensor_bytes
+    # on fake tensors, pad_packed_sequence included (its kernel made a data-less lengths tensor: traced on real ones)
+    assert traced == "fake tensors on cpu", traced
+
+
+@pytest.mark.parametrize("lengths, batch_first, total_length", [
+    ([5, 3, 3, 1], True, 0), ([5, 3, 3, 1], False, 7), ([4, 4], True, 0), ([6], False, 0), ([3, 2, 1], True, 3),
+])
+def test_pad_packed_sequence_in_python_is_torchs_kernel(lengths, batch_first, total_length):
+    """The trace's pad_packed_sequence for fake data (torch_internals.packed_on_fake) against torch's own kernel on
+    the same packed data: the same padded tensor, the same lengths."""
+    from torch.nn.utils.rnn import pack_padded_sequence
+
+    from mtbench.workload.torch_internals import pad_packed_sequence_ops
+
+    padded = torch.randn(len(lengths), max(lengths), 3)
+    packed = pack_padded_sequence(padded, torch.tensor(lengths), batch_first=True)
+    args = (packed.data, packed.batch_sizes, batch_first, -1.0, total_length)
+    expected = torch._VF._pad_packed_sequence(*args)
+    got = pad_packed_sequence_ops(*args)
+    assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
 
 
 @pytest.mark.parametrize("lengths, measured, largest", [
