@@ -12,16 +12,18 @@ import numpy as np
 # The model (all coefficients >= 0), summed over the ops of one training step:
 #   conv:        conv_flops * s/FLOP (dense) + conv_grouped_flops * s/FLOP (groups > 1: depthwise, memory-bound
 #                shapes) + conv_bytes * s/byte
-#   matmul:      matmul_flops * s/FLOP + matmul_bytes * s/byte
-#   norm, elementwise, reduction, optimizer (the update and zero_grad): <class>_bytes * s/byte
+#   matmul:      matmul_flops * s/FLOP + matmul_bytes * s/byte (inputs not read recently, outputs larger than the
+#                last-level cache: RecentReads, cached_outputs)
+#   norm, elementwise, reduction, pool, optimizer (the update and zero_grad): <class>_bytes * s/byte
 #   launch_ops:  s per op launched (dispatch, kernel launch), every class
 #   host_ops:    s per op of host time between ops (Python, autograd engine), the "[no op]" row of ops.csv
 #   step_overhead: s per step
 # The shape efficiency of a convolution or a matrix product is its FLOPs and bytes terms together: a small or
 # thin one moves many bytes per FLOP, and a grouped one runs at its own (lower) rate.
-CLASSES = ("conv", "matmul", "norm", "elementwise", "reduction", "optimizer")
+CLASSES = ("conv", "matmul", "norm", "elementwise", "reduction", "pool", "optimizer")
 FEATURES = ("conv_flops", "conv_grouped_flops", "conv_bytes", "matmul_flops", "matmul_bytes", "norm_bytes",
-            "elementwise_bytes", "reduction_bytes", "optimizer_bytes", "launch_ops", "host_ops", "step_overhead")
+            "elementwise_bytes", "reduction_bytes", "pool_bytes", "optimizer_bytes", "launch_ops", "host_ops",
+            "step_overhead")
 HOST = "host"  # the time between ops (ops.csv's "[no op]" row)
 _INDEX = {f: i for i, f in enumerate(FEATURES)}
 # which features a class's own time is made of (launch_ops: that class's op count)
@@ -62,6 +64,8 @@ def aten_class(name: str) -> str:
         return "norm"
     if "normal" in core:  # random numbers (normal_, log_normal_), not a norm
         return "elementwise"
+    if "pool" in core:  # a window per output (max with its indices, average): slower per byte than a sum
+        return "pool"
     if any(r in core for r in _REDUCTION):
         return "reduction"
     return "elementwise"
@@ -86,7 +90,9 @@ def measured_class(name: str, device: str = "cpu") -> str:
             return "matmul"
         if "batch_norm" in low or "batchnorm" in low or "bn_" in low or "layer_norm" in low or "layernorm" in low:
             return "norm"
-        if "reduce" in low or "pool" in low or "softmax" in low or "nll_loss" in low:
+        if "pool" in low:
+            return "pool"
+        if "reduce" in low or "softmax" in low or "nll_loss" in low:
             return "reduction"
         return "elementwise"
     op = low.split("::")[-1]
@@ -103,6 +109,8 @@ def measured_class(name: str, device: str = "cpu") -> str:
         return "norm"
     if "normal" in op:  # random numbers (normal_, log_normal_), not a norm
         return "elementwise"
+    if "pool" in op:
+        return "pool"
     if any(r.replace("_", "") in op.replace("_", "") for r in _REDUCTION):
         return "reduction"
     return "elementwise"
@@ -222,6 +230,19 @@ def describe(coef: Sequence[float]) -> str:
         else:
             out.append(f"{name} {c * 1e3:.3g} ms")
     return ", ".join(out)
+
+
+def cached_outputs(out: Any, capacity: int) -> int:
+    """Bytes of an op's output tensors that each fit in a last-level cache of `capacity` bytes: a matrix product
+    writes such an output into the cache, where the op that consumes it reads it, so it is not the product's DRAM
+    traffic (held out of the accuracy benchmark's calibration, seq2seq's per-position products at batch 2 were
+    predicted 41 % slow with their outputs counted, 5 % fast without; docs/benchmarks.md)."""
+    import torch
+
+    if capacity <= 0:
+        return 0
+    sizes = [t.numel() * t.element_size() for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
+    return sum(n for n in sizes if n <= capacity)
 
 
 class RecentReads:

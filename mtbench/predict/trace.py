@@ -215,7 +215,8 @@ class _StepCounter(torch.utils._python_dispatch.TorchDispatchMode):
             figures = self.classes[cls]
             figures["ops"] += 1
             hit = self.recent.touch(leaves)
-            figures["bytes"] += moved - (hit if cls == "matmul" else 0)
+            cached = hit + opcost.cached_outputs(out, self.recent.capacity) if cls == "matmul" else 0
+            figures["bytes"] += moved - cached
             figures["flops"] += added
             if cls == "conv" and groups > 1:
                 figures["grouped_flops"] += added

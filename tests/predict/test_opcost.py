@@ -22,7 +22,7 @@ from mtbench.workload.base import SetupContext, Workload  # noqa: E402
 # a cost every coefficient of which matters: 50 GFLOP/s dense conv, 5 GFLOP/s grouped, ...
 TRUE = dict(conv_flops=1 / 50e9, conv_grouped_flops=1 / 5e9, conv_bytes=1 / 20e9, matmul_flops=1 / 80e9,
             matmul_bytes=1 / 30e9, norm_bytes=1 / 8e9, elementwise_bytes=1 / 10e9, reduction_bytes=1 / 4e9,
-            optimizer_bytes=1 / 6e9, launch_ops=4e-6, host_ops=2e-6, step_overhead=1.5e-3)
+            pool_bytes=1 / 3e9, optimizer_bytes=1 / 6e9, launch_ops=4e-6, host_ops=2e-6, step_overhead=1.5e-3)
 TRUE_COEF = np.array([TRUE[f] for f in opcost.FEATURES])
 
 
@@ -41,7 +41,8 @@ def _ops_rows(classes: Dict[str, Dict[str, float]], steps: int) -> List[tuple]:
     """ops.csv rows whose class totals are the model's exactly (names as the profiler writes them)."""
     names = {"conv": ["aten::conv2d", "ConvolutionBackward0"], "matmul": ["aten::linear", "AddmmBackward0"],
              "norm": ["aten::batch_norm", "NativeBatchNormBackward0"], "elementwise": ["aten::relu_", "aten::add"],
-             "reduction": ["aten::max_pool2d", "NllLossBackward0"], "optimizer": ["Optimizer.step#SGD.step"],
+             "reduction": ["aten::softmax", "NllLossBackward0"], "pool": ["aten::max_pool2d", "AvgPool2DBackward0"],
+             "optimizer": ["Optimizer.step#SGD.step"],
              opcost.HOST: ["[no op]"]}
     rows = []
     for cls, seconds in opcost.breakdown_s(classes, TRUE_COEF).items():
@@ -88,7 +89,8 @@ def test_profiled_class_times_are_scaled_to_the_unprofiled_step():
 @pytest.mark.parametrize("name, cls", [
     ("aten::conv2d", "conv"), ("ConvolutionBackward0", "conv"), ("aten::linear", "matmul"),
     ("AddmmBackward0", "matmul"), ("MmBackward0", "matmul"), ("aten::batch_norm", "norm"),
-    ("NativeBatchNormBackward0", "norm"), ("aten::max_pool2d", "reduction"), ("LogSoftmaxBackward0", "reduction"),
+    ("NativeBatchNormBackward0", "norm"), ("aten::max_pool2d", "pool"), ("LogSoftmaxBackward0", "reduction"),
+    ("MaxPool2DWithIndicesBackward0", "pool"), ("aten::adaptive_avg_pool2d", "pool"), ("aten::sum", "reduction"),
     ("aten::hardtanh_", "elementwise"), ("torch::autograd::AccumulateGrad", "elementwise"),
     ("Optimizer.step#SGD.step", "optimizer"), ("[no op]", opcost.HOST), ("aten::lstm", "matmul"),
     ("MkldnnRnnLayerBackward0", "matmul"), ("aten::gru", "matmul"), ("EmbeddingBackward0", "elementwise"),
@@ -132,7 +134,9 @@ def test_grouped_convolution_flops_and_classes(groups):
 @pytest.mark.parametrize("measured, traced", [
     ("aten::lstm", "aten::mkldnn_rnn_layer"), ("MkldnnRnnLayerBackward0", "aten::mkldnn_rnn_layer_backward"),
     ("EmbeddingBackward0", "aten::embedding_dense_backward"), ("aten::embedding", "aten::embedding"),
-    ("aten::normal_", "aten::normal_"), ("aten::max_pool2d", "aten::max_pool2d_with_indices")])
+    ("aten::normal_", "aten::normal_"), ("aten::max_pool2d", "aten::max_pool2d_with_indices"),
+    ("MaxPool2DWithIndicesBackward0", "aten::max_pool2d_with_indices_backward"),
+    ("aten::adaptive_avg_pool2d", "aten::_adaptive_avg_pool2d"), ("LogSoftmaxBackward0", "aten::_log_softmax_backward_data")])
 def test_a_measured_op_and_the_kernel_the_trace_sees_for_it_share_a_class(measured, traced):
     """The fit compares a class's measured time with its traced figures: an LSTM timed as element-wise but traced as
     a matrix product (or the reverse) would make both classes' rates wrong."""
@@ -321,3 +325,33 @@ def test_the_runtime_memory_fit_has_a_term_per_convolution_weight_byte(tmp_path:
     trace = SimpleNamespace(ops=100, op_classes={"conv": {"weight_bytes": 50e6}})
     runtime, _ = predictor._runtime(trace, {"activations": 10 << 20})
     assert runtime == pytest.approx(truth[0] + truth[1] * 100 + truth[2] * (10 << 20) + truth[3] * 50e6, rel=1e-3)
+
+
+def test_a_products_output_that_fits_the_cache_is_not_its_dram_traffic():
+    """cached_outputs: each output of at most the cache's size counts as cached, a larger one does not, and
+    without a cache (capacity 0) none does; in a trace, the matrix products' bytes drop by their outputs."""
+    small, large = torch.zeros(256), torch.zeros(4096)  # 1 KiB, 16 KiB
+    assert opcost.cached_outputs((small, large), 8 << 10) == 1 << 10
+    assert opcost.cached_outputs(small, 0) == 0
+
+    class Linear(Workload):
+        def __init__(self) -> None:
+            self.net = torch.nn.Linear(64, 64)
+
+        def setup(self, ctx: SetupContext) -> None:
+            self.optimizer = torch.optim.SGD(self.net.parameters(), lr=0.1)
+            self.x = torch.randn(ctx.batch_size, 64)
+
+        def step(self) -> None:
+            self.optimizer.zero_grad(set_to_none=True)
+            self.net(self.x).sum().backward()
+            self.optimizer.step()
+
+        def modules(self) -> List[torch.nn.Module]:
+            return [self.net]
+
+    ctx = SetupContext(device=torch.device("cpu"), batch_size=8, data=Synthetic(), seed=0, batches=1)
+    uncached = trace_step(Linear, ctx, cache_bytes=0).op_classes["matmul"]["bytes"]
+    cached = trace_step(Linear, ctx, cache_bytes=1 << 30).op_classes["matmul"]["bytes"]
+    # forward addmm's output (8 x 64), the backward's weight gradient (64 x 64); the input needs no gradient
+    assert uncached - cached >= (8 * 64 + 64 * 64) * 4
