@@ -139,10 +139,31 @@ def fake_mode() -> Any:
     return mode
 
 
-def _recording_tracker_class() -> Any:
-    from torch.distributed._tools.mem_tracker import _TOTAL_KEY, MemTracker, _UpdateType
+def _tolerant_tracker_class() -> Any:
+    """torch's MemTracker, tolerant of what mtbench's workloads do: a frozen parameter (a fixed embedding), a module
+    whose inputs or outputs are a PackedSequence; the trace's and the breakdown's trackers build on it."""
+    from torch.distributed._tools.mem_tracker import MemTracker
 
-    class RecordingTracker(MemTracker):
+    class TolerantTracker(MemTracker):
+        def _track_module_params_and_buffers(self, module, install_grad_hooks=True):
+            # a frozen parameter (a fixed embedding) takes no gradient hook: mark it as already hooked
+            for p in module.parameters():
+                if not p.requires_grad and p not in self._param_to_grad_hook_handles:
+                    self._param_to_grad_hook_handles[p] = (_NoHandle(), _NoHandle())
+            return super()._track_module_params_and_buffers(module, install_grad_hooks)
+
+        def _track_inputs_or_outputs(self, args):
+            # per-module input/output sizes are not used here; torch's version rebuilds the arguments with
+            # tree_map, which fails on a PackedSequence whose unsorted_indices is None
+            return 0
+
+    return TolerantTracker
+
+
+def _recording_tracker_class() -> Any:
+    from torch.distributed._tools.mem_tracker import _TOTAL_KEY, _UpdateType
+
+    class RecordingTracker(_tolerant_tracker_class()):
         """torch's MemTracker that also keeps the order of allocations and frees (for the allocator's rounding)."""
 
         def __init__(self) -> None:
@@ -156,13 +177,6 @@ def _recording_tracker_class() -> Any:
                 self.memory_tracking.pop(module, None)
                 super()._pre_fw_hook(module, inputs)
 
-        def _track_module_params_and_buffers(self, module, install_grad_hooks=True):
-            # a frozen parameter (a fixed embedding) takes no gradient hook: mark it as already hooked
-            for p in module.parameters():
-                if not p.requires_grad and p not in self._param_to_grad_hook_handles:
-                    self._param_to_grad_hook_handles[p] = (_NoHandle(), _NoHandle())
-            return super()._track_module_params_and_buffers(module, install_grad_hooks)
-
         def _update_peak_stats(self, peak_state):
             # the step's peak only: torch's version also keeps every module's peak, walking all modules on
             # every op (a third of the trace's time on BERT)
@@ -170,11 +184,6 @@ def _recording_tracker_class() -> Any:
                 if self._peak_mem.get(dev, 0) < snap[_TOTAL_KEY]:
                     self._peak_mem[dev] = snap[_TOTAL_KEY]
                     self._peak_mem_snap[dev] = dict(snap)
-
-        def _track_inputs_or_outputs(self, args):
-            # per-module input/output sizes are not used here; torch's version rebuilds the arguments with
-            # tree_map, which fails on a PackedSequence whose unsorted_indices is None
-            return 0
 
         def _update_snap(self, u_type, winfo, old_mem_consumed=None, old_reftype=None):
             super()._update_snap(u_type, winfo, old_mem_consumed, old_reftype)
@@ -210,13 +219,12 @@ _TRACKER_CLASS = None
 
 def step_tracker_class() -> type:
     """The breakdown's MemTracker subclass (the trace's is `new_recording_tracker`): a second forward restarts."""
-    from torch.distributed._tools.mem_tracker import MemTracker
-
-    class StepTracker(MemTracker):
+    class StepTracker(_tolerant_tracker_class()):
         """MemTracker that accepts a network called twice in one step (a GAN's discriminator on real, then fake).
 
         MemTracker refuses a second forward of a top-level module as "multiple iterative calls"; we only need the
-        step's peak, not per-module statistics, so the module's statistics restart instead.
+        step's peak, not per-module statistics, so the module's statistics restart instead. A frozen parameter
+        and a PackedSequence are tolerated as in the trace's tracker (BiDAF's and seq2seq's breakdowns failed).
         """
 
         def _pre_fw_hook(self, module: torch.nn.Module, inputs: Any) -> None:

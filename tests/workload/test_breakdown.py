@@ -189,3 +189,28 @@ def test_the_tracked_step_leaves_nothing_alive():
     del workload
     gc.collect()
     assert first() is None
+
+
+@needs_tracker
+@pytest.mark.parametrize("model, overrides", [
+    ("seq2seq", ["model.workload.hidden=16"]),  # a PackedSequence between its modules
+    ("bidaf", ["model.workload.d=8"]),  # a frozen word embedding
+])
+def test_the_suites_recurrent_models_have_a_breakdown(model, overrides):
+    """Torch's MemTracker failed on both (null with "Expected data to be a list or tuple of length 2", and a torch
+    warning on the job's console): the breakdown's tracker tolerates them as the predictor's does."""
+    import warnings
+
+    from mtbench.config import instantiate
+    from mtbench.predict.predictor import Predictor
+    from mtbench.workload.base import SetupContext
+
+    cfg = Predictor(target_name="none", device="cpu", overrides=tuple(overrides)).compose(model, 2)
+    workload = instantiate(cfg.model.workload, "model.workload")
+    workload.setup(SetupContext(device=CPU, batch_size=2, data=instantiate(cfg.data, "data"), seed=0, batches=2))
+    workload.step()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # nothing on the console either
+        out, reason = breakdown_bytes(workload, CPU)
+    assert reason is None and out is not None, reason
+    assert out["parameters"] > 0 and out["tracked_peak"] == sum(out[p] for p in PARTS)
