@@ -154,7 +154,6 @@ class Workload(abc.ABC):
         if self.PADDED_PER_BATCH and isinstance(held, list) and len(held) > 1:
             self.i = largest_batch(held, measured) - 1
 
-
     def host_bytes(self, later_steps: int) -> int:
         """Memory the workload holds outside torch tensors (NumPy arrays: a replay buffer's touched pages) once
         `later_steps` more steps have run: the predictor adds it on a CPU, where it counts against a budget."""

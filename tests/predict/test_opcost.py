@@ -99,13 +99,15 @@ def test_ops_csv_names_fall_in_the_classes_of_their_traced_ops(name, cls):
     assert opcost.measured_class(name) == cls
 
 
-class DepthwiseConv(Workload):
-    def __init__(self, groups: int) -> None:
-        self.net = torch.nn.Conv2d(32, 64, 3, padding=1, groups=groups)
+class OneLayer(Workload):
+    """One layer trained with plain SGD on a fixed random input, `shape` per sample."""
+
+    def __init__(self, net: torch.nn.Module, shape: tuple, input_grad: bool = False) -> None:
+        self.net, self.shape, self.input_grad = net, shape, input_grad
 
     def setup(self, ctx: SetupContext) -> None:
         self.optimizer = torch.optim.SGD(self.net.parameters(), lr=0.1)
-        self.x = torch.randn(ctx.batch_size, 32, 8, 8, requires_grad=True)
+        self.x = torch.randn(ctx.batch_size, *self.shape, requires_grad=self.input_grad)
 
     def step(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)
@@ -116,11 +118,15 @@ class DepthwiseConv(Workload):
         return [self.net]
 
 
+def depthwise_conv(groups: int) -> OneLayer:
+    return OneLayer(torch.nn.Conv2d(32, 64, 3, padding=1, groups=groups), (32, 8, 8), input_grad=True)
+
+
 @pytest.mark.parametrize("groups", [1, 4, 32])
 def test_grouped_convolution_flops_and_classes(groups):
     """torch's formula counts a grouped convolution's weight gradient `groups` times; the trace does not."""
     ctx = SetupContext(device=torch.device("cpu"), batch_size=2, data=Synthetic(), seed=0, batches=1)
-    t = trace_step(lambda: DepthwiseConv(groups), ctx)
+    t = trace_step(lambda: depthwise_conv(groups), ctx)
     conv = t.op_classes["conv"]
     forward = 2 * 2 * (64 * 32 // groups * 9) * 8 * 8
     assert t.forward_flops == forward
@@ -221,7 +227,7 @@ def test_a_cudnn_rnn_stack_counts_the_flops_torch_counts_for_its_matrix_products
 def test_a_fake_trace_counts_the_ops_and_bytes_a_real_step_runs(workload):
     """On fake tensors the autograd engine's and kernels' reads of a tensor's device dispatch prim::device (4 of
     every 5 ops of a BERT step); on real tensors nothing runs for them: both traces count the same ops and bytes."""
-    make = {"lstm": LSTMStep, "conv": lambda: DepthwiseConv(1)}[workload]
+    make = {"lstm": LSTMStep, "conv": lambda: depthwise_conv(1)}[workload]
     ctx = SetupContext(device=torch.device("cpu"), batch_size=3, data=Synthetic(), seed=0, batches=1)
     fake, real = trace_step(make, ctx), trace_step(make, ctx, fake=False)
     assert (fake.ops, fake.bytes_moved) == (real.ops, real.bytes_moved)
@@ -334,24 +340,11 @@ def test_a_products_output_that_fits_the_cache_is_not_its_dram_traffic():
     assert opcost.cached_outputs((small, large), 8 << 10) == 1 << 10
     assert opcost.cached_outputs(small, 0) == 0
 
-    class Linear(Workload):
-        def __init__(self) -> None:
-            self.net = torch.nn.Linear(64, 64)
-
-        def setup(self, ctx: SetupContext) -> None:
-            self.optimizer = torch.optim.SGD(self.net.parameters(), lr=0.1)
-            self.x = torch.randn(ctx.batch_size, 64)
-
-        def step(self) -> None:
-            self.optimizer.zero_grad(set_to_none=True)
-            self.net(self.x).sum().backward()
-            self.optimizer.step()
-
-        def modules(self) -> List[torch.nn.Module]:
-            return [self.net]
+    def linear() -> OneLayer:
+        return OneLayer(torch.nn.Linear(64, 64), (64,))
 
     ctx = SetupContext(device=torch.device("cpu"), batch_size=8, data=Synthetic(), seed=0, batches=1)
-    uncached = trace_step(Linear, ctx, cache_bytes=0).op_classes["matmul"]["bytes"]
-    cached = trace_step(Linear, ctx, cache_bytes=1 << 30).op_classes["matmul"]["bytes"]
+    uncached = trace_step(linear, ctx, cache_bytes=0).op_classes["matmul"]["bytes"]
+    cached = trace_step(linear, ctx, cache_bytes=1 << 30).op_classes["matmul"]["bytes"]
     # forward addmm's output (8 x 64), the backward's weight gradient (64 x 64); the input needs no gradient
     assert uncached - cached >= (8 * 64 + 64 * 64) * 4
