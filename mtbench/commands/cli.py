@@ -115,8 +115,12 @@ def with_sweep_batches(args: List[str]) -> List[str]:
 def main(argv: Optional[List[str]] = None) -> None:
     """`mtbench SUBCOMMAND ...` or `mtbench [-m] key=value ...`; ends with sys.exit(status) except after a job."""
     args = list(sys.argv[1:] if argv is None else argv)
-    if args and registry.find(args[0]) is not None:
-        sys.exit(registry.call(args[0], args[1:]))
+    sub = registry.find(args[0]) if args else None
+    if sub is not None:
+        status = registry.call(sub.name, args[1:])
+        if argv is None and sub.quick_exit:  # the program itself, not a caller in this process
+            registry.exit_now(status)
+        sys.exit(status)
     try:
         asks_help = "--help" in args or "-h" in args
         # the help shows the defaults for a sweep's lists (`model=a,b`): checked as the sweep's would be

@@ -6,10 +6,13 @@ when their subcommand runs, so that this registry imports no torch (`mtbench-sam
 """
 from __future__ import annotations
 
+import atexit
 import importlib
+import os
 import sys
+import threading
 from dataclasses import dataclass
-from typing import List, Optional
+from typing import List, NoReturn, Optional
 
 from mtbench.errors import ArgumentParser, UsageError, print_error
 
@@ -19,15 +22,17 @@ class Subcommand:
     name: str  # as typed after `mtbench`
     summary: str  # one line, for `mtbench --help` and docs/commands.md
     module: str  # dotted module with add_arguments(parser) and run(args) -> int
+    quick_exit: bool = False  # as the program, it ends without the interpreter's teardown (exit_now)
 
 
 SUBCOMMANDS = (
     Subcommand("models", "list the benchmark models: parameters, GFLOP per sample, input", "mtbench.commands.models"),
     Subcommand("report", "tables and figures of finished runs and sweeps, keyed by board", "mtbench.commands.report"),
     Subcommand("maxbatch", "the largest batch that trains within a target's memory budget", "mtbench.commands.maxbatch"),
-    Subcommand("predict", "predict peak memory and step time of a job without running it", "mtbench.commands.predict"),
+    Subcommand("predict", "predict peak memory and step time of a job without running it", "mtbench.commands.predict",
+               quick_exit=True),
     Subcommand("calibrate", "fit the predictor's time and runtime-memory model to a finished sweep",
-               "mtbench.commands.calibrate"),
+               "mtbench.commands.calibrate", quick_exit=True),
     Subcommand("power", "the board's nvpmodel power modes, for power.nvpmodel=ID or NAME (Jetson)",
                "mtbench.commands.power"),
 )
@@ -56,6 +61,23 @@ def call(name: str, argv: Optional[List[str]] = None, **run_kwargs) -> int:
         return importlib.import_module(sub.module).run(parsed, **run_kwargs)
     except UsageError as exc:
         return print_error(exc)
+
+
+def exit_now(status: int) -> NoReturn:
+    """End the process with `status` after atexit's handlers and a flush of stdout and stderr, skipping the
+    interpreter's teardown: torch's libraries' teardown faults in their file pages, 184 MiB more resident at the end
+    of `mtbench predict model=bert batch=64 target=tx2` (docs/benchmarks.md). Where a thread other than the main one
+    is still running and not a daemon, the usual exit (which waits for it) instead."""
+    main = threading.main_thread()
+    if any(t is not main and t.is_alive() and not t.daemon for t in threading.enumerate()):
+        sys.exit(status)
+    atexit._run_exitfuncs()  # what the teardown runs first: logging's flush, weakref.finalize's (temporary folders)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe or stream: nothing more to say on it
+            pass
+    os._exit(status)
 
 
 def listing() -> str:

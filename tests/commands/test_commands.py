@@ -217,3 +217,44 @@ def test_a_fifo_or_a_link_named_as_calibration_is_one_line_without_blocking(tmp_
     line = one_line(mtbench_cli("predict", "model=squeezenet", "batch=2", "device=cpu", f"calibration={fifo}",
                                 timeout=120))
     assert "is a FIFO" in line or "is not a file" in line, line
+
+
+EXIT_NOW_CHILD = """
+import atexit, sys, threading, time
+from mtbench.commands import registry
+
+class Teardown:
+    def __del__(self):  # runs in the interpreter's teardown, not before
+        print("teardown ran", flush=True)
+
+kept = Teardown()
+atexit.register(print, "atexit ran")
+sys.stdout.write("buffered, no newline")  # stdout is a pipe: block-buffered until a flush
+if sys.argv[1] == "thread":
+    threading.Thread(target=lambda: (time.sleep(0.2), print("thread finished"))).start()
+registry.exit_now(3)
+"""
+
+
+@pytest.mark.parametrize("case", ["alone", "thread"])
+def test_exit_now_runs_atexit_and_flushes_but_skips_the_teardown_unless_a_thread_runs(case):
+    proc = subprocess.run([sys.executable, "-c", EXIT_NOW_CHILD, case], capture_output=True, text=True,
+                          env=child_env(), timeout=60)
+    assert proc.returncode == 3, proc.stderr
+    assert proc.stdout.startswith("buffered, no newline") and "atexit ran" in proc.stdout, proc.stdout
+    if case == "alone":
+        assert "teardown ran" not in proc.stdout, proc.stdout
+    else:  # the usual exit: it waits for the thread, then tears down
+        assert "thread finished" in proc.stdout and "teardown ran" in proc.stdout, proc.stdout
+
+
+def test_predict_as_the_program_ends_through_exit_now():
+    """`mtbench predict` as the program (main() reads sys.argv) ends in exit_now; a caller's main(argv) does not."""
+    probe = ("import sys; from mtbench.commands import cli, registry\n"
+             "registry.exit_now = lambda status: (print('exit_now', status), sys.stdout.flush(), registry.os._exit(status))\n"
+             "sys.argv = ['mtbench', 'predict', 'model=nosuchmodel', 'batch=1']\n")
+    for call, says in (("cli.main()", "exit_now 2"), ("cli.main(sys.argv[1:])", "")):
+        proc = subprocess.run([sys.executable, "-c", probe + call], capture_output=True, text=True, env=child_env(),
+                              timeout=120)
+        assert proc.returncode == 2 and "model='nosuchmodel' is not known" in proc.stderr, proc.stderr[-2000:]
+        assert proc.stdout.strip() == says, proc.stdout
