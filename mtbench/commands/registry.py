@@ -63,11 +63,12 @@ def call(name: str, argv: Optional[List[str]] = None, **run_kwargs) -> int:
         return print_error(exc)
 
 
-def exit_now(status: int) -> NoReturn:
+def exit_now(status: Optional[int]) -> NoReturn:
     """End the process with `status` after atexit's handlers and a flush of stdout and stderr, skipping the
-    interpreter's teardown: torch's libraries' teardown faults in their file pages, 184 MiB more resident at the end
+    interpreter's teardown: torch's libraries' teardown faults in their file pages, 180 MiB more resident at the end
     of `mtbench predict model=bert batch=64 target=tx2` (docs/benchmarks.md). Where a thread other than the main one
-    is still running and not a daemon, the usual exit (which waits for it) instead."""
+    is still running and not a daemon, the usual exit (which waits for it) instead. `status` as sys.exit takes a
+    number or None (0)."""
     main = threading.main_thread()
     if any(t is not main and t.is_alive() and not t.daemon for t in threading.enumerate()):
         sys.exit(status)
@@ -77,7 +78,7 @@ def exit_now(status: int) -> NoReturn:
             stream.flush()
         except (OSError, ValueError):  # a closed pipe or stream: nothing more to say on it
             pass
-    os._exit(status)
+    os._exit(0 if status is None else int(status))
 
 
 def listing() -> str:
