@@ -25,7 +25,10 @@ models only calibrate (profiled jobs: their ops.csv gives the per-op times of th
    the measured steps less the resident memory before the model was built); goal median error <= 3 %, worst
    <= 8 %. Time: mean absolute percentage error of the step time; goal <= 10 %.
 4. Speed: BERT at batch 64 predicted in a fresh process: wall time (goal <= 10 s) and peak resident memory
-   (goal <= 1 GB), also printed less the process's memory after importing torch (the predictor's own part).
+   (goal <= 1 GB), also printed less the process's memory after importing torch (the predictor's own part); then
+   the whole command as a user types it, `python -m mtbench predict model=bert batch=64 target=tx2`, twice, timed by
+   GNU time (`/usr/bin/time`: its maximum resident is the command's own, started from GNU time's small process, not
+   from this one's; where GNU time is not installed, the line says so).
 """
 from __future__ import annotations
 
@@ -62,6 +65,26 @@ wall = time.monotonic() - t0
 peak = hwm_bytes() or ru_maxrss_bytes()
 print(wall, peak, base, p.tensors_bytes, p.flops)
 """
+
+
+def command_as_typed(runs: int = 2) -> None:
+    """`python -m mtbench predict model=bert batch=64 target=tx2` as typed, in an empty folder, under GNU time."""
+    argv = ["predict", "model=bert", "batch=64", "target=tx2"]
+    if not os.path.isfile("/usr/bin/time"):
+        print("speed, the command as typed: not measured: GNU time (/usr/bin/time) is not installed")
+        return
+    for _ in range(runs):
+        with tempfile.TemporaryDirectory() as here:
+            out = subprocess.run(["/usr/bin/time", "-f", "%e %M", sys.executable, "-m", "mtbench", *argv],
+                                 capture_output=True, text=True, cwd=here, env={**os.environ, "PYTHONPATH": str(REPO)})
+        words = out.stderr.strip().splitlines()[-1].split() if out.stderr.strip() else []
+        if out.returncode != 0 or len(words) != 2:
+            print(f"speed, the command as typed: failed ({out.returncode}):", out.stderr.strip().splitlines()[-1:])
+            return
+        warned = out.stderr.strip().splitlines()[:-1]  # the command writes nothing else there: any line is a warning
+        print(f"speed, `mtbench {' '.join(argv)}` as typed: {float(words[0]):.2f} s (goal <= 10), maximum resident "
+              f"{int(words[1]):,} KiB = {int(words[1]) * 1024 / 1e9:.2f} GB (goal <= 1), "
+              f"{'on stderr: ' + ' | '.join(warned) if warned else 'no warning on the console'}")
 
 
 def run_job_child(model: str, batch: int, out_dir: str, steps: int = 3, profile: bool = True) -> None:
@@ -282,6 +305,7 @@ def main() -> None:
                   f"{int(maxrss) / 1e9:.2f} GB (goal <= 1), {(int(maxrss) - int(base)) / 1e9:.2f} GB over the "
                   f"process after importing torch; predicted tensors {int(tensors) / 2**30:.2f} GiB, "
                   f"{float(flops) / 1e12:.2f} TFLOP/step")
+        command_as_typed()
 
 
 if __name__ == "__main__":
