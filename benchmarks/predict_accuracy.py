@@ -77,11 +77,12 @@ def command_as_typed(runs: int = 2) -> None:
         with tempfile.TemporaryDirectory() as here:
             out = subprocess.run(["/usr/bin/time", "-f", "%e %M", sys.executable, "-m", "mtbench", *argv],
                                  capture_output=True, text=True, cwd=here, env={**os.environ, "PYTHONPATH": str(REPO)})
-        words = out.stderr.strip().splitlines()[-1].split() if out.stderr.strip() else []
+        lines = out.stderr.strip().splitlines()  # the command's own lines, then GNU time's
+        words = lines[-1].split() if lines else []
         if out.returncode != 0 or len(words) != 2:
-            print(f"speed, the command as typed: failed ({out.returncode}):", out.stderr.strip().splitlines()[-1:])
+            print(f"speed, the command as typed: failed ({out.returncode}):", lines[-1:])
             return
-        warned = out.stderr.strip().splitlines()[:-1]  # the command writes nothing else there: any line is a warning
+        warned = lines[:-1]  # the command writes nothing else there: any line is a warning
         print(f"speed, `mtbench {' '.join(argv)}` as typed: {float(words[0]):.2f} s (goal <= 10), maximum resident "
               f"{int(words[1]):,} KiB = {int(words[1]) * 1024 / 1e9:.2f} GB (goal <= 1), "
               f"{'on stderr: ' + ' | '.join(warned) if warned else 'no warning on the console'}")
@@ -268,12 +269,13 @@ def main() -> None:
         meas_b = measured_training_bytes(s)
         st = s["step_time_s"]
         e_mem = pct(p.peak_bytes, meas_b) if meas_b else float("nan")
-        e_time = pct(p.step_time_s, st[args.time_stat])
+        measured_s = st[args.time_stat]
+        e_time = pct(p.step_time_s, measured_s)
         mem_err.append(abs(e_mem))
         time_pred.append(p.step_time_s)
-        time_meas.append(st[args.time_stat])
+        time_meas.append(measured_s)
         spread.append((st["max"] - st["min"]) / st["median"] * 100)
-        print(f"{s['model']:<12} {s['batch_size']:>5} {st[args.time_stat]:>8.3f} {spread[-1]:>6.0f}% {p.step_time_s:>8.3f} "
+        print(f"{s['model']:<12} {s['batch_size']:>5} {measured_s:>8.3f} {spread[-1]:>6.0f}% {p.step_time_s:>8.3f} "
               f"{e_time:>+7.1f} {p.roofline_s or float('nan'):>8.3f} {meas_b / 2**20:>9.1f} "
               f"{p.peak_bytes / 2**20:>9.1f} {e_mem:>+7.1f} {p.tensors_bytes / 2**20:>8.1f}")
     print(f"\nheld out, {len(test_runs)} runs: step time MAPE {mape_pct(time_pred, time_meas):.1f} % (goal <= 10; "
