@@ -11,7 +11,9 @@ import numpy as np
 
 # The model (all coefficients >= 0), summed over the ops of one training step:
 #   conv:        conv_flops * s/FLOP (dense) + conv_grouped_flops * s/FLOP (groups > 1: depthwise, memory-bound
-#                shapes) + conv_bytes * s/byte
+#                shapes) + conv_bytes * s/byte + conv_thin_flops * s/unit (a dense convolution's FLOPs over the
+#                narrow side of its weight as a product's matrix: few output channels, or few input channels and
+#                taps, run under the peak rate; see conv_thin_flops)
 #   matmul:      matmul_flops * s/FLOP + matmul_bytes * s/byte (inputs not read recently, outputs larger than the
 #                last-level cache: RecentReads, cached_outputs)
 #   norm, elementwise, reduction, pool, optimizer (the update and zero_grad): <class>_bytes * s/byte
@@ -21,7 +23,7 @@ import numpy as np
 # The shape efficiency of a convolution or a matrix product is its FLOPs and bytes terms together: a small or
 # thin one moves many bytes per FLOP, and a grouped one runs at its own (lower) rate.
 CLASSES = ("conv", "matmul", "norm", "elementwise", "reduction", "pool", "optimizer")
-FEATURES = ("conv_flops", "conv_grouped_flops", "conv_bytes", "matmul_flops", "matmul_bytes", "norm_bytes",
+FEATURES = ("conv_flops", "conv_grouped_flops", "conv_bytes", "conv_thin_flops", "matmul_flops", "matmul_bytes", "norm_bytes",
             "elementwise_bytes", "reduction_bytes", "pool_bytes", "optimizer_bytes", "launch_ops", "host_ops",
             "step_overhead")
 HOST = "host"  # the time between ops (ops.csv's "[no op]" row)
@@ -117,9 +119,11 @@ def measured_class(name: str, device: str = "cpu") -> str:
 
 
 def empty_classes() -> Dict[str, Dict[str, float]]:
-    """Per class: flops, grouped_flops (convolutions with groups > 1), bytes, ops; and weight_bytes (the forward
-    convolutions' weights: what oneDNN keeps reordered copies of on a CPU, see Calibration.non_tensor_bytes)."""
-    return {c: {"flops": 0.0, "grouped_flops": 0.0, "bytes": 0.0, "ops": 0.0, "weight_bytes": 0.0} for c in CLASSES}
+    """Per class: flops, grouped_flops (convolutions with groups > 1), thin_flops (conv_thin_flops), bytes, ops; and
+    weight_bytes (the forward convolutions' weights: what oneDNN keeps reordered copies of on a CPU, see
+    Calibration.non_tensor_bytes)."""
+    return {c: {"flops": 0.0, "grouped_flops": 0.0, "thin_flops": 0.0, "bytes": 0.0, "ops": 0.0, "weight_bytes": 0.0}
+            for c in CLASSES}
 
 
 def step_features(classes: Dict[str, Dict[str, float]]) -> np.ndarray:
@@ -142,6 +146,7 @@ def class_features(classes: Dict[str, Dict[str, float]], cls: str) -> np.ndarray
     if cls == "conv":
         x[_INDEX["conv_flops"]] = v.get("flops", 0.0) - v.get("grouped_flops", 0.0)
         x[_INDEX["conv_grouped_flops"]] = v.get("grouped_flops", 0.0)
+        x[_INDEX["conv_thin_flops"]] = v.get("thin_flops", 0.0)
     elif cls == "matmul":
         x[_INDEX["matmul_flops"]] = v.get("flops", 0.0)
     x[_INDEX[f"{cls}_bytes"]] = v.get("bytes", 0.0)
@@ -288,6 +293,23 @@ def conv_groups(func: Any, args: Any) -> int:
     if index is None or len(args) <= index or not isinstance(args[index], int):
         return 1
     return int(args[index])
+
+
+def add_conv_figures(figures: Dict[str, float], func: Any, args: Any, flops: float, groups: int) -> None:
+    """A convolution's own figures beside its FLOPs: grouped_flops (groups > 1), thin_flops (dense: its FLOPs over
+    the narrow side of its weight seen as the product's matrix, out channels x in channels * taps: what a narrow
+    product of oneDNN's runs at below its rate, DQN's 32-channel 8x8 and DenseNet's 12-channel convolutions), and
+    weight_bytes (a forward's weight)."""
+    name = func._schema.name
+    weight_at = 2 if name == "aten::convolution_backward" else 1
+    weight = args[weight_at] if len(args) > weight_at else None
+    if groups > 1:
+        figures["grouped_flops"] += flops
+    elif weight is not None and hasattr(weight, "shape") and len(weight.shape) > 1 and weight.shape[0] > 0:
+        narrow = min(int(weight.shape[0]), _prod(weight.shape[1:]))
+        figures["thin_flops"] += flops / max(1, narrow)
+    if name == "aten::convolution" and weight is not None and hasattr(weight, "numel"):
+        figures["weight_bytes"] += weight.numel() * weight.element_size()
 
 
 def grouped_backward_flops(args: Any) -> int:

@@ -218,10 +218,8 @@ class _StepCounter(torch.utils._python_dispatch.TorchDispatchMode):
             cached = hit + opcost.cached_outputs(out, self.recent.capacity) if cls == "matmul" else 0
             figures["bytes"] += moved - cached
             figures["flops"] += added
-            if cls == "conv" and groups > 1:
-                figures["grouped_flops"] += added
-            if func._schema.name == "aten::convolution" and len(args) > 1 and isinstance(args[1], torch.Tensor):
-                figures["weight_bytes"] += args[1].numel() * args[1].element_size()
+            if cls == "conv":
+                opcost.add_conv_figures(figures, func, args, added, groups)
         if torch._C._current_autograd_node() is None:
             self.forward_flops += added
         return out

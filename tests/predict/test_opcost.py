@@ -20,7 +20,8 @@ from mtbench.predict.trace import trace_step  # noqa: E402
 from mtbench.workload.base import SetupContext, Workload  # noqa: E402
 
 # a cost every coefficient of which matters: 50 GFLOP/s dense conv, 5 GFLOP/s grouped, ...
-TRUE = dict(conv_flops=1 / 50e9, conv_grouped_flops=1 / 5e9, conv_bytes=1 / 20e9, matmul_flops=1 / 80e9,
+TRUE = dict(conv_flops=1 / 50e9, conv_grouped_flops=1 / 5e9, conv_bytes=1 / 20e9, conv_thin_flops=1 / 2e9,
+            matmul_flops=1 / 80e9,
             matmul_bytes=1 / 30e9, norm_bytes=1 / 8e9, elementwise_bytes=1 / 10e9, reduction_bytes=1 / 4e9,
             pool_bytes=1 / 3e9, optimizer_bytes=1 / 6e9, launch_ops=4e-6, host_ops=2e-6, step_overhead=1.5e-3)
 TRUE_COEF = np.array([TRUE[f] for f in opcost.FEATURES])
@@ -34,6 +35,7 @@ def _classes(rng: np.random.Generator) -> Dict[str, Dict[str, float]]:
     for c in ("conv", "matmul"):
         out[c]["flops"] = float(rng.uniform(1e8, 5e10))
     out["conv"]["grouped_flops"] = out["conv"]["flops"] * float(rng.uniform(0, 0.5))
+    out["conv"]["thin_flops"] = (out["conv"]["flops"] - out["conv"]["grouped_flops"]) / float(rng.uniform(8, 512))
     return out
 
 
@@ -132,9 +134,22 @@ def test_grouped_convolution_flops_and_classes(groups):
     assert t.forward_flops == forward
     assert conv["flops"] == t.flops == 3 * forward  # forward, input gradient, weight gradient
     assert conv["grouped_flops"] == (conv["flops"] if groups > 1 else 0)
+    # a dense one's FLOPs over its weight's narrow side: 64 out channels against 32 in x 9 taps
+    assert conv["thin_flops"] == (conv["flops"] / 64 if groups == 1 else 0)
     assert conv["ops"] == 2
     assert conv["weight_bytes"] == 64 * (32 // groups) * 9 * 4  # the forward's weight, once
     assert t.op_classes["optimizer"]["ops"] > 0 and t.op_classes["optimizer"]["bytes"] > 0
+
+
+@pytest.mark.parametrize("conv, narrow", [(torch.nn.Conv2d(4, 32, 8, stride=4), 32),  # DQN's first: 32 out
+                                          (torch.nn.Conv2d(3, 64, 3, padding=1), 27),  # 3 in x 9 taps
+                                          (torch.nn.Conv2d(48, 12, 3, padding=1), 12)])  # DenseNet's growth 12
+def test_a_dense_convolution_counts_its_flops_over_the_narrow_side_of_its_weight(conv, narrow):
+    ctx = SetupContext(device=torch.device("cpu"), batch_size=2, data=Synthetic(), seed=0, batches=1)
+    t = trace_step(lambda: OneLayer(conv, (conv.in_channels, 84, 84)), ctx)
+    figures = t.op_classes["conv"]
+    assert figures["flops"] == 2 * t.forward_flops > 0  # the forward and the weight's gradient (x needs none)
+    assert figures["thin_flops"] == pytest.approx(figures["flops"] / narrow)
 
 
 @pytest.mark.parametrize("measured, traced", [
