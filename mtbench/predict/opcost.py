@@ -16,7 +16,9 @@ import numpy as np
 #                taps, run under the peak rate; see conv_thin_flops)
 #   matmul:      matmul_flops * s/FLOP + matmul_bytes * s/byte (inputs not read recently, outputs larger than the
 #                last-level cache: RecentReads, cached_outputs)
-#   norm, elementwise, reduction, pool, optimizer (the update and zero_grad): <class>_bytes * s/byte
+#   pool:        pool_bytes * s/byte + pool_window * s/read (a forward's outputs times its window: a 3x3 window
+#                at stride 1 reads 9 inputs per output where its bytes count about 2; see pool_window_reads)
+#   norm, elementwise, reduction, optimizer (the update and zero_grad): <class>_bytes * s/byte
 #   launch_ops:  s per op launched (dispatch, kernel launch), every class
 #   host_ops:    s per op of host time between ops (Python, autograd engine), the "[no op]" row of ops.csv
 #   step_overhead: s per step
@@ -24,7 +26,7 @@ import numpy as np
 # thin one moves many bytes per FLOP, and a grouped one runs at its own (lower) rate.
 CLASSES = ("conv", "matmul", "norm", "elementwise", "reduction", "pool", "optimizer")
 FEATURES = ("conv_flops", "conv_grouped_flops", "conv_bytes", "conv_thin_flops", "matmul_flops", "matmul_bytes", "norm_bytes",
-            "elementwise_bytes", "reduction_bytes", "pool_bytes", "optimizer_bytes", "launch_ops", "host_ops",
+            "elementwise_bytes", "reduction_bytes", "pool_bytes", "pool_window", "optimizer_bytes", "launch_ops", "host_ops",
             "step_overhead")
 HOST = "host"  # the time between ops (ops.csv's "[no op]" row)
 _INDEX = {f: i for i, f in enumerate(FEATURES)}
@@ -119,11 +121,11 @@ def measured_class(name: str, device: str = "cpu") -> str:
 
 
 def empty_classes() -> Dict[str, Dict[str, float]]:
-    """Per class: flops, grouped_flops (convolutions with groups > 1), thin_flops (conv_thin_flops), bytes, ops; and
-    weight_bytes (the forward convolutions' weights: what oneDNN keeps reordered copies of on a CPU, see
-    Calibration.non_tensor_bytes)."""
-    return {c: {"flops": 0.0, "grouped_flops": 0.0, "thin_flops": 0.0, "bytes": 0.0, "ops": 0.0, "weight_bytes": 0.0}
-            for c in CLASSES}
+    """Per class: flops, grouped_flops (convolutions with groups > 1), thin_flops (conv_thin_flops), window
+    (pool_window), bytes, ops; and weight_bytes (the forward convolutions' weights: what oneDNN keeps reordered copies
+    of on a CPU, see Calibration.non_tensor_bytes)."""
+    return {c: {"flops": 0.0, "grouped_flops": 0.0, "thin_flops": 0.0, "window": 0.0, "bytes": 0.0, "ops": 0.0,
+                "weight_bytes": 0.0} for c in CLASSES}
 
 
 def step_features(classes: Dict[str, Dict[str, float]]) -> np.ndarray:
@@ -149,6 +151,8 @@ def class_features(classes: Dict[str, Dict[str, float]], cls: str) -> np.ndarray
         x[_INDEX["conv_thin_flops"]] = v.get("thin_flops", 0.0)
     elif cls == "matmul":
         x[_INDEX["matmul_flops"]] = v.get("flops", 0.0)
+    elif cls == "pool":
+        x[_INDEX["pool_window"]] = v.get("window", 0.0)
     x[_INDEX[f"{cls}_bytes"]] = v.get("bytes", 0.0)
     x[_INDEX["launch_ops"]] = v.get("ops", 0.0)
     return x
@@ -230,6 +234,8 @@ def describe(coef: Sequence[float]) -> str:
             out.append(f"{name[:-6]} {1e-9 / c:.3g} GFLOP/s" if c > 0 else f"{name[:-6]} free")
         elif name.endswith("bytes"):
             out.append(f"{name[:-6]} {1e-9 / c:.3g} GB/s" if c > 0 else f"{name[:-6]} free")
+        elif name == "pool_window":
+            out.append(f"pool {1e-9 / c:.3g} G window reads/s" if c > 0 else "pool window free")
         elif name in ("launch_ops", "host_ops"):
             out.append(f"{name} {c * 1e6:.3g} us")
         else:
@@ -310,6 +316,23 @@ def add_conv_figures(figures: Dict[str, float], func: Any, args: Any, flops: flo
         figures["thin_flops"] += flops / max(1, narrow)
     if name == "aten::convolution" and weight is not None and hasattr(weight, "numel"):
         figures["weight_bytes"] += weight.numel() * weight.element_size()
+
+
+def pool_window_reads(func: Any, args: Any, out: Any) -> int:
+    """What a pooling's forward reads: its outputs times its window (an adaptive one: its input, once); 0 for a
+    backward (its cost is its bytes: a max pool's scatters one gradient per output)."""
+    name = func._schema.name
+    if "backward" in name or not args or not hasattr(args[0], "numel"):
+        return 0
+    if "adaptive" in name:
+        return int(args[0].numel())
+    kernel = args[1] if len(args) > 1 and isinstance(args[1], (list, tuple)) else None
+    result = out[0] if isinstance(out, (list, tuple)) else out
+    if not kernel or not hasattr(result, "numel"):
+        return 0
+    dims = next((d for d in (1, 2, 3) if f"{d}d" in name), len(kernel))
+    area = _prod(kernel) if len(kernel) > 1 else int(kernel[0]) ** dims
+    return int(result.numel()) * area
 
 
 def grouped_backward_flops(args: Any) -> int:

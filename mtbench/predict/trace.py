@@ -220,6 +220,8 @@ class _StepCounter(torch.utils._python_dispatch.TorchDispatchMode):
             figures["flops"] += added
             if cls == "conv":
                 opcost.add_conv_figures(figures, func, args, added, groups)
+            elif cls == "pool":
+                figures["window"] += opcost.pool_window_reads(func, args, out)
         if torch._C._current_autograd_node() is None:
             self.forward_flops += added
         return out

@@ -23,7 +23,7 @@ from mtbench.workload.base import SetupContext, Workload  # noqa: E402
 TRUE = dict(conv_flops=1 / 50e9, conv_grouped_flops=1 / 5e9, conv_bytes=1 / 20e9, conv_thin_flops=1 / 2e9,
             matmul_flops=1 / 80e9,
             matmul_bytes=1 / 30e9, norm_bytes=1 / 8e9, elementwise_bytes=1 / 10e9, reduction_bytes=1 / 4e9,
-            pool_bytes=1 / 3e9, optimizer_bytes=1 / 6e9, launch_ops=4e-6, host_ops=2e-6, step_overhead=1.5e-3)
+            pool_bytes=1 / 3e9, pool_window=1 / 1e9, optimizer_bytes=1 / 6e9, launch_ops=4e-6, host_ops=2e-6, step_overhead=1.5e-3)
 TRUE_COEF = np.array([TRUE[f] for f in opcost.FEATURES])
 
 
@@ -35,6 +35,7 @@ def _classes(rng: np.random.Generator) -> Dict[str, Dict[str, float]]:
     for c in ("conv", "matmul"):
         out[c]["flops"] = float(rng.uniform(1e8, 5e10))
     out["conv"]["grouped_flops"] = out["conv"]["flops"] * float(rng.uniform(0, 0.5))
+    out["pool"]["window"] = out["pool"]["bytes"] * float(rng.uniform(0.2, 3))
     out["conv"]["thin_flops"] = (out["conv"]["flops"] - out["conv"]["grouped_flops"]) / float(rng.uniform(8, 512))
     return out
 
@@ -150,6 +151,18 @@ def test_a_dense_convolution_counts_its_flops_over_the_narrow_side_of_its_weight
     figures = t.op_classes["conv"]
     assert figures["flops"] == 2 * t.forward_flops > 0  # the forward and the weight's gradient (x needs none)
     assert figures["thin_flops"] == pytest.approx(figures["flops"] / narrow)
+
+
+@pytest.mark.parametrize("pool, reads_per_output", [(torch.nn.MaxPool2d(3, 1, padding=1), 9),
+                                                    (torch.nn.MaxPool2d(2), 4), (torch.nn.AvgPool2d(3, 2), 9)])
+def test_a_pooling_forward_reads_its_window_per_output_and_its_backward_none(pool, reads_per_output):
+    """A 3x3 window at stride 1 reads 9 inputs per output where its bytes (input and output) count about 2."""
+    ctx = SetupContext(device=torch.device("cpu"), batch_size=2, data=Synthetic(), seed=0, batches=1)
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 1), pool)
+    t = trace_step(lambda: OneLayer(net, (3, 16, 16)), ctx)
+    outputs = net(torch.zeros(2, 3, 16, 16)).numel()
+    assert t.op_classes["pool"]["ops"] == 2  # the forward and its backward
+    assert t.op_classes["pool"]["window"] == outputs * reads_per_output
 
 
 @pytest.mark.parametrize("measured, traced", [
