@@ -18,16 +18,18 @@ import numpy as np
 #                last-level cache: RecentReads, cached_outputs)
 #   pool:        pool_bytes * s/byte + pool_window * s/read (a forward's outputs times its window: a 3x3 window
 #                at stride 1 reads 9 inputs per output where its bytes count about 2; see pool_window_reads)
-#   norm, elementwise, reduction, optimizer (the update and zero_grad): <class>_bytes * s/byte
+#   norm, elementwise, reduction, optimizer (the update and zero_grad): <class>_bytes * s/byte (the optimizer's
+#                less its re-reads of what is still in the last-level cache: an update's several ops on one
+#                parameter, its gradient and its state read them again while they fit; a large one streams)
 #   launch_ops:  s per op launched (dispatch, kernel launch), every class
 #   host_ops:    s per op of host time between ops (Python, autograd engine), the "[no op]" row of ops.csv
 #   step_overhead: s per step
 # The shape efficiency of a convolution or a matrix product is its FLOPs and bytes terms together: a small or
 # thin one moves many bytes per FLOP, and a grouped one runs at its own (lower) rate.
 CLASSES = ("conv", "matmul", "norm", "elementwise", "reduction", "pool", "optimizer")
-FEATURES = ("conv_flops", "conv_grouped_flops", "conv_bytes", "conv_thin_flops", "matmul_flops", "matmul_bytes", "norm_bytes",
-            "elementwise_bytes", "reduction_bytes", "pool_bytes", "pool_window", "optimizer_bytes", "launch_ops", "host_ops",
-            "step_overhead")
+FEATURES = ("conv_flops", "conv_grouped_flops", "conv_bytes", "conv_thin_flops", "matmul_flops", "matmul_bytes",
+            "norm_bytes", "elementwise_bytes", "reduction_bytes", "pool_bytes", "pool_window", "optimizer_bytes",
+            "launch_ops", "host_ops", "step_overhead")
 HOST = "host"  # the time between ops (ops.csv's "[no op]" row)
 _INDEX = {f: i for i, f in enumerate(FEATURES)}
 # which features a class's own time is made of (launch_ops: that class's op count)

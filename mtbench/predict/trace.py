@@ -215,7 +215,8 @@ class _StepCounter(torch.utils._python_dispatch.TorchDispatchMode):
             figures = self.classes[cls]
             figures["ops"] += 1
             hit = self.recent.touch(leaves)
-            cached = hit + opcost.cached_outputs(out, self.recent.capacity) if cls == "matmul" else 0
+            cached = hit + opcost.cached_outputs(out, self.recent.capacity) if cls == "matmul" else (
+                hit if cls == "optimizer" else 0)  # an update's ops on one parameter re-read it from the cache
             figures["bytes"] += moved - cached
             figures["flops"] += added
             if cls == "conv":

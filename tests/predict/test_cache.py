@@ -80,6 +80,25 @@ def test_a_weight_read_again_within_the_cache_counts_once():
     assert none.bytes_moved == large.bytes_moved  # the step's traffic figure is every byte, as before
 
 
+class Momentum(Decoder):
+    """The same layer under SGD with momentum: the update reads the momentum buffer, then the parameter, again."""
+
+    def setup(self, ctx: SetupContext) -> None:
+        super().setup(ctx)
+        self.optimizer = torch.optim.SGD(self.net.parameters(), lr=0.1, momentum=0.9, foreach=False)
+
+
+def test_an_update_re_reading_its_parameter_and_state_within_the_cache_counts_them_once():
+    ctx = SetupContext(device=torch.device("cpu"), batch_size=1, data=Synthetic(), seed=0, batches=1)
+    none, small, large = (trace_step(Momentum, ctx, cache_bytes=size) for size in (0, 1024, 1 << 20))
+    update = [t.op_classes["optimizer"] for t in (none, small, large)]
+    assert update[0]["bytes"] == update[1]["bytes"]  # smaller than the weight: never holds it
+    # the buffer's mul_ then add_ (the buffer again, and the gradient the backward wrote), the parameter's add_ (the
+    # buffer again): at least three of the weight's sizes read again
+    assert update[0]["bytes"] - update[2]["bytes"] >= 3 * WEIGHT_BYTES
+    assert update[0]["ops"] == update[2]["ops"] and none.bytes_moved == large.bytes_moved
+
+
 def _index(root: Path, n: int, level: int, kind: str, size: str) -> None:
     folder = root / f"index{n}"
     folder.mkdir(parents=True)
