@@ -303,6 +303,21 @@ def conv_groups(func: Any, args: Any) -> int:
     return int(args[index])
 
 
+def add_op(figures: Dict[str, float], cls: str, func: Any, args: Any, out: Any, flops: float, groups: int,
+           moved: int, hit: int, capacity: int) -> None:
+    """One traced op in its class's figures: ops, flops, bytes moved less what is read from the last-level cache (a
+    matrix product's inputs read recently and outputs that fit, cached_outputs; an update's re-reads of what its
+    ops on one parameter read before it), and its class's own (a convolution's, a pooling's window reads)."""
+    figures["ops"] += 1
+    cached = hit + cached_outputs(out, capacity) if cls == "matmul" else (hit if cls == "optimizer" else 0)
+    figures["bytes"] += moved - cached
+    figures["flops"] += flops
+    if cls == "conv":
+        add_conv_figures(figures, func, args, flops, groups)
+    elif cls == "pool":
+        figures["window"] += pool_window_reads(func, args, out)
+
+
 def add_conv_figures(figures: Dict[str, float], func: Any, args: Any, flops: float, groups: int) -> None:
     """A convolution's own figures beside its FLOPs: grouped_flops (groups > 1), thin_flops (dense: its FLOPs over
     the narrow side of its weight seen as the product's matrix, out channels x in channels * taps: what a narrow

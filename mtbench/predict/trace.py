@@ -213,16 +213,8 @@ class _StepCounter(torch.utils._python_dispatch.TorchDispatchMode):
             if cls is None:
                 cls = self._class_of[func] = opcost.aten_class(func._schema.name)
             figures = self.classes[cls]
-            figures["ops"] += 1
-            hit = self.recent.touch(leaves)
-            cached = hit + opcost.cached_outputs(out, self.recent.capacity) if cls == "matmul" else (
-                hit if cls == "optimizer" else 0)  # an update's ops on one parameter re-read it from the cache
-            figures["bytes"] += moved - cached
-            figures["flops"] += added
-            if cls == "conv":
-                opcost.add_conv_figures(figures, func, args, added, groups)
-            elif cls == "pool":
-                figures["window"] += opcost.pool_window_reads(func, args, out)
+            opcost.add_op(figures, cls, func, args, out, flops=added, groups=groups, moved=moved,
+                          hit=self.recent.touch(leaves), capacity=self.recent.capacity)
         if torch._C._current_autograd_node() is None:
             self.forward_flops += added
         return out
