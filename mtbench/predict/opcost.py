@@ -232,7 +232,9 @@ def describe(coef: Sequence[float]) -> str:
     """The fitted rates in a reader's units: GFLOP/s and GB/s of each class, microseconds per op and per step."""
     out = []
     for name, c in zip(FEATURES, coef):
-        if name.endswith("flops"):
+        if name == "conv_thin_flops":  # FLOPs over the weight's narrow side: not FLOPs
+            out.append(f"conv_thin {1e-9 / c:.3g} G/s" if c > 0 else "conv_thin free")
+        elif name.endswith("flops"):
             out.append(f"{name[:-6]} {1e-9 / c:.3g} GFLOP/s" if c > 0 else f"{name[:-6]} free")
         elif name.endswith("bytes"):
             out.append(f"{name[:-6]} {1e-9 / c:.3g} GB/s" if c > 0 else f"{name[:-6]} free")
@@ -269,12 +271,14 @@ class RecentReads:
         self.held: "collections.OrderedDict[tuple, tuple]" = collections.OrderedDict()  # key -> (bytes, weakref)
 
     def touch(self, tensors: Any) -> int:
-        """Bytes of `tensors` found in the cache; all of them are then its most recent."""
+        """Bytes of `tensors` found in the cache; all of them are then its most recent. A tensor twice among them
+        (an in-place op's input and output) is a hit only where an earlier call left it: an op's write of what it
+        has just read is still traffic where that tensor was not held (its line is written back)."""
         if self.capacity <= 0:  # no cache: nothing is held, nothing is a hit
             return 0
         import torch
 
-        hit = 0
+        hit, seen = 0, set()
         for t in tensors:
             if not isinstance(t, torch.Tensor):
                 continue
@@ -284,6 +288,9 @@ class RecentReads:
                 ref = weakref.ref(storage)
             except (RuntimeError, NotImplementedError, TypeError):  # no single storage (sparse, nested): no hit
                 continue
+            if key in seen:
+                continue
+            seen.add(key)
             old = self.held.pop(key, None)
             if old is not None:
                 self.size -= old[0]

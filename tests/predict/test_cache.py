@@ -80,6 +80,12 @@ def test_a_weight_read_again_within_the_cache_counts_once():
     assert none.bytes_moved == large.bytes_moved  # the step's traffic figure is every byte, as before
 
 
+def test_an_in_place_ops_write_of_what_it_has_just_read_is_no_hit():
+    cache, t = opcost.RecentReads(1 << 20), torch.randn(32, 32)
+    assert cache.touch([t, 0.9, t]) == 0  # mul_: read and written back, held by no earlier op
+    assert cache.touch([t, 0.9, t]) == t.numel() * 4  # the next op on it: held, one hit
+
+
 class Momentum(Decoder):
     """The same layer under SGD with momentum: the update reads the momentum buffer, then the parameter, again."""
 

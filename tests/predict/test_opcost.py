@@ -154,15 +154,18 @@ def test_a_dense_convolution_counts_its_flops_over_the_narrow_side_of_its_weight
 
 
 @pytest.mark.parametrize("pool, reads_per_output", [(torch.nn.MaxPool2d(3, 1, padding=1), 9),
-                                                    (torch.nn.MaxPool2d(2), 4), (torch.nn.AvgPool2d(3, 2), 9)])
+                                                    (torch.nn.MaxPool2d(2), 4), (torch.nn.AvgPool2d(3, 2), 9),
+                                                    (torch.nn.AdaptiveAvgPool2d(2), None)])
 def test_a_pooling_forward_reads_its_window_per_output_and_its_backward_none(pool, reads_per_output):
-    """A 3x3 window at stride 1 reads 9 inputs per output where its bytes (input and output) count about 2."""
+    """A 3x3 window at stride 1 reads 9 inputs per output where its bytes (input and output) count about 2; an
+    adaptive one (to 2x2, not 1x1: that is a mean) reads its input once."""
     ctx = SetupContext(device=torch.device("cpu"), batch_size=2, data=Synthetic(), seed=0, batches=1)
     net = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 1), pool)
     t = trace_step(lambda: OneLayer(net, (3, 16, 16)), ctx)
     outputs = net(torch.zeros(2, 3, 16, 16)).numel()
     assert t.op_classes["pool"]["ops"] == 2  # the forward and its backward
-    assert t.op_classes["pool"]["window"] == outputs * reads_per_output
+    inputs = 2 * 4 * 16 * 16  # an adaptive one reads its input once, and its backward nothing
+    assert t.op_classes["pool"]["window"] == (outputs * reads_per_output if reads_per_output else inputs)
 
 
 @pytest.mark.parametrize("measured, traced", [
