@@ -307,7 +307,7 @@ class Predictor:
                 return None, roofline, f"the calibration is scaled by peak figures target {self.target.name} lacks"
             scale = (peak_flops, bandwidth) if cal.time_scaled else (None, None)
             x = calibration.time_features(trace.flops, trace.bytes_moved, trace.ops, *scale)
-            return float(x @ cal.time_coef), roofline, cal.describe()
+            return float(x @ cal.time_coef), roofline, cal.describe(opcost.FEATURES)
         if roofline is not None:
             return roofline, roofline, ("not calibrated: the roofline of the target's peak FP32 FLOP/s and DRAM "
                                         "bandwidth, a lower bound (run `mtbench calibrate DIR` on a sweep of the "

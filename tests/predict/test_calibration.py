@@ -57,3 +57,14 @@ def test_a_good_file_reads_and_its_note_loses_terminal_escapes(tmp_path):
     cal = calibration.load("none-cpu", named)
     assert cal.op_coef == [1.0, 2.0] and cal.non_tensor_bytes == 10 << 20
     assert cal.non_tensor_note == "fitted [2J]0;owned here"
+
+
+def test_a_per_op_class_fit_with_other_terms_is_said_to_be_unused(tmp_path):
+    """A calibration made before the per-op-class model gained a term: the predictor takes its whole-step model,
+    and its note says so and how to get the new terms, instead of naming the per-op-class model."""
+    named = tmp_path / "named.json"
+    named.write_text(json.dumps(_good(tmp_path)))
+    cal = calibration.load("none-cpu", named)
+    assert "per-op-class model" in cal.describe(["a", "b"]) and "per-op-class model" in cal.describe()
+    stale = cal.describe(["a", "b", "c"])
+    assert stale.count("whole-step model") == 1 and "mtbench calibrate" in stale
