@@ -65,8 +65,8 @@ def call(name: str, argv: Optional[List[str]] = None, **run_kwargs) -> int:
 
 def exit_now(status: Optional[int]) -> NoReturn:
     """End the process with `status` after atexit's handlers and a flush of stdout and stderr, skipping the
-    interpreter's teardown: torch's libraries' teardown faults in their file pages, 180 MiB more resident at the end
-    of `mtbench predict model=bert batch=64 target=tx2` (docs/benchmarks.md). Where a thread other than the main one
+    interpreter's teardown: torch's libraries' teardown faults in their file pages, resident after the command's
+    work is done (measured in docs/benchmarks.md). Where a thread other than the main one
     is still running and not a daemon, the usual exit (which waits for it) instead. `status` as sys.exit takes a
     number or None (0)."""
     main = threading.main_thread()

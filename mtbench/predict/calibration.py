@@ -80,11 +80,13 @@ class Calibration:
     def describe(self, features: Optional[Sequence[str]] = None) -> str:
         """Where it was fitted and which model it gives; with `features` (this mtbench's per-op-class terms), a
         per-op-class fit made with other terms is said to be unused (the predictor then takes the whole-step one)."""
-        stale = self.op_coef is not None and features is not None and list(self.op_features) != list(features)
-        model = ("whole-step model: its per-op-class fit has other terms than this mtbench's (an older one made it; "
-                 "`mtbench calibrate` on its sweep again gives them)" if stale else
-                 f"per-op-class model, per-op times of {self.op_profiled_runs}" if self.op_coef is not None
-                 else "whole-step model")
+        if self.op_coef is None:
+            model = "whole-step model"
+        elif features is not None and list(self.op_features) != list(features):
+            model = ("whole-step model: its per-op-class fit has other terms than this mtbench's (an older one made "
+                     "it; `mtbench calibrate` on its sweep again gives them)")
+        else:
+            model = f"per-op-class model, per-op times of {self.op_profiled_runs}"
         return (f"calibrated on {self.runs} runs of {self.source} ({self.device_name}, {self.created[:10]}, "
                 f"{self.time_stat} step time; {model})")
 

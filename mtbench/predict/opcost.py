@@ -335,7 +335,7 @@ def add_conv_figures(figures: Dict[str, float], func: Any, args: Any, flops: flo
     weight = args[weight_at] if len(args) > weight_at else None
     if groups > 1:
         figures["grouped_flops"] += flops
-    elif weight is not None and hasattr(weight, "shape") and len(weight.shape) > 1 and weight.shape[0] > 0:
+    elif weight is not None and hasattr(weight, "shape") and len(weight.shape) > 1:
         narrow = min(int(weight.shape[0]), _prod(weight.shape[1:]))
         figures["thin_flops"] += flops / max(1, narrow)
     if name == "aten::convolution" and weight is not None and hasattr(weight, "numel"):
