@@ -147,6 +147,19 @@ def sweep_jobs(models, batches: str, batches_for) -> list:
     return [(m, int(b)) for m in models for b in own.get(m, batches).split(",")]
 
 
+def check_models(models, held_out) -> None:
+    """Exit with one line where a name of --models or --held-out is not a model of conf/model (a misspelt held-out
+    model would silently leave the model it meant to hold out among the calibration models)."""
+    from mtbench.config import group_options
+
+    known = group_options("model")
+    for flag, names in (("--models", models), ("--held-out", held_out)):
+        unknown = [m for m in names if m not in known]
+        if unknown:
+            raise SystemExit(f"{flag}: unknown model {', '.join(map(repr, unknown))}; "
+                             f"the models of conf/model: {', '.join(known)}")
+
+
 def pct(pred: float, meas: float) -> float:
     return (pred - meas) / meas * 100.0
 
@@ -236,6 +249,7 @@ def main() -> None:
     if args.all_models:
         return all_models()
     models, held_out = args.models.split(","), [m for m in args.held_out.split(",") if m]
+    check_models(models, held_out)
     folder = Path(args.sweep) if args.sweep else Path(tempfile.mkdtemp(prefix="mtbench-predict-")) / "sweep"
     print(f"before the sweep: {quiet()}")
     jobs = sweep_jobs(models, args.batches, args.batches_for)
