@@ -10,7 +10,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
-from mtbench.predict import opcost, rnn_workspace
+from mtbench.predict import conv_scratch, opcost, rnn_workspace
 from mtbench.workload.breakdown import PARTS as BREAKDOWN_KEYS  # the measured breakdown's keys: ours too
 from mtbench.workload import torch_internals
 from mtbench.workload.base import SetupContext, Workload
@@ -157,7 +157,8 @@ class _StepCounter(torch.utils._python_dispatch.TorchDispatchMode):
 
         kwargs = kwargs or {}
         before = self.flop_counter.get_total_flops()
-        extra = rnn_workspace.held_during(func, args)  # an LSTM layer's scratch: held while the op runs
+        # oneDNN's scratch of an LSTM layer or a convolution's backward: held while the op runs
+        extra = rnn_workspace.held_during(func, args), conv_scratch.held_during(func, args)
         try:
             out = func(*args, **kwargs)
         except DataDependentOutputException:  # a value read from a fake tensor: .item(), bool(t), ...
