@@ -195,7 +195,7 @@ def test_max_batch_is_the_largest_that_fits(tmp_path, monkeypatch):
 def test_the_cuda_term_is_cublas_workspace_not_zero(major, minor, config, mib):
     """Issue 27 item 8: the cuBLAS workspace goes through the caching allocator (it counts in max_memory_allocated
     and against the fraction cap): an uncalibrated CUDA prediction includes it instead of 0."""
-    from mtbench.predict.predictor import cublas_workspace_bytes
+    from mtbench.predict.non_tensor import cublas_workspace_bytes
 
     assert cublas_workspace_bytes(major, minor, config) == int(mib * 2**20)
 
