@@ -96,8 +96,8 @@ def calibrate(folder: Path, target: Optional[str] = None, out: Optional[str] = N
                                            t.dram_bandwidth_bytes_per_s if scaled else None))
         y.append(float(s["step_time_s"][time_stat]))
         measured = measured_training_bytes(s)
-        if measured is not None:
-            residuals.append(measured - p.tensors_bytes)
+        if measured is not None:  # less what the prediction adds beside the fit: the workload's arrays
+            residuals.append(measured - p.tensors_bytes - predictor.held_outside(predictor.trace(model, batch)[0])[0])
             conv_w = predictor.trace(model, batch)[0].op_classes.get("conv", {}).get("weight_bytes", 0.0)
             mem_x.append(calibration.runtime_features(p.ops, transient_bytes(p.breakdown_bytes), conv_w))
             mem_total.append(measured)

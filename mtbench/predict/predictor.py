@@ -196,10 +196,8 @@ class Predictor:
         else:
             tensors, parts, reserved = trace.peak_tensor_bytes, dict(trace.breakdown_bytes), None
         runtime, non_tensor_note = self._runtime(trace, parts)
-        if self.device == "cpu" and trace.host_bytes:  # on a GPU host arrays are outside the allocator's budget
-            runtime += trace.host_bytes
-            non_tensor_note += (f"; + {trace.host_bytes / 2**20:.1f} MiB the workload holds outside tensors "
-                                "(Workload.host_bytes: a replay buffer's touched pages)")
+        held, held_note = self.held_outside(trace)
+        runtime, non_tensor_note = runtime + held, non_tensor_note + held_note
         peak = (reserved if reserved is not None else tensors) + runtime
         budget = self.target.memory_budget_bytes
         step_s, roofline_s, time_note = self._host_time(trace, *self._time(trace))
@@ -228,6 +226,15 @@ class Predictor:
         if self.cpu_malloc_live:
             return DEFAULT_NON_TENSOR_BYTES_CPU_LIVE, DEFAULT_NON_TENSOR_NOTE_CPU_LIVE
         return DEFAULT_NON_TENSOR_BYTES_CPU, DEFAULT_NON_TENSOR_NOTE_CPU
+
+    def held_outside(self, trace: StepTrace) -> Tuple[int, str]:
+        """What a CPU job holds beyond its tensors and the calibrated runtime, counted rather than fitted, and what
+        that is: the workload's arrays (Workload.host_bytes). 0 on a GPU, whose budget counts the allocator's
+        memory only."""
+        if self.device != "cpu" or not trace.host_bytes:
+            return 0, ""
+        return trace.host_bytes, (f"; + {trace.host_bytes / 2**20:.1f} MiB the workload holds outside tensors "
+                                  "(Workload.host_bytes: a replay buffer's touched pages)")
 
     def _host_time(self, trace: StepTrace, step_s: Optional[float], roofline_s: Optional[float],
                    note: str) -> Tuple[Optional[float], Optional[float], str]:

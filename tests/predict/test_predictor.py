@@ -261,6 +261,24 @@ def test_a_replay_buffer_is_predicted_on_a_cpu_not_on_a_gpu(tmp_path, monkeypatc
     assert full.non_tensor_bytes - DEFAULT_NON_TENSOR_BYTES_CPU == 100 * transition  # no more than its capacity
 
 
+def test_a_calibration_leaves_a_replay_buffer_out_of_the_runtime_it_fits(tmp_path, monkeypatch):
+    """A prediction counts DQN's replay buffer from its touched pages (Workload.host_bytes) beside the fitted runtime:
+    the fit takes it out of the measured memory first, or a calibration on DQN would count it twice."""
+    import numpy as np
+
+    from mtbench.predict import fit
+    from mtbench.predict.predictor import Predictor
+
+    monkeypatch.setenv(calibration.ENV_DIR, str(tmp_path / "cal"))
+    small = ("model.workload.learning_starts=40", "model.workload.buffer_size=100", "warmup=1", "steps=3")
+    for batch in (2, 4, 8):
+        _summary(tmp_path / "sweep", "dqn", batch, 0.01 * batch, peak=600 << 20, before=400 << 20)
+    cal, _, _ = fit.calibrate(tmp_path / "sweep", overrides=small)
+    p = Predictor(target_name="none", device="cpu", overrides=small, stored_calibration=False)
+    outside = [(200 << 20) - p.predict("dqn", b).tensors_bytes - p.trace("dqn", b)[0].host_bytes for b in (2, 4, 8)]
+    assert p.trace("dqn", 8)[0].host_bytes > 0 and cal.non_tensor_bytes == int(np.median(outside))
+
+
 @pytest.mark.slow
 def test_training_memory_is_predicted_under_the_malloc_it_is_measured_under(tmp_path, monkeypatch):
     """A CPU job's training memory is measured with glibc's mmap threshold fixed (memory.cpu_malloc=auto: every step
