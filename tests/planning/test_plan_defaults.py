@@ -52,8 +52,12 @@ CASES = [("tinycnn", "recompute", REC), ("tinycnn", "microbatch", MICRO)] + [
 def test_the_predicted_tensor_peak_of_each_plan_is_within_5_percent_of_a_real_step(monkeypatch, model, kind, plans):
     """The bound the predictor's peak is held to (issue 26), per plan kind, on CPU: its traced tensor peak (fake
     tensors) against a real step's. The memory that is not tensors is not in it: on an uncalibrated CPU auto does
-    not trust that part (test below)."""
+    not trust that part (test below); nor are oneDNN's copies in a convolution's backward, which torch's tracker
+    of the real step does not see (tests/predict/test_conv_scratch.py holds them to the resident peak)."""
     pytest.importorskip("torch.distributed._tools.mem_tracker")
+    from mtbench.predict import conv_scratch
+
+    monkeypatch.setattr(conv_scratch, "channel_block", lambda: None)
     monkeypatch.setattr(config, "ALLOWED_TARGET_PREFIXES", config.ALLOWED_TARGET_PREFIXES + ("tests.",))
     cfg = compose_cfg(MODELS[model])
     predictor = plan_select.job_predictor(cfg, "cpu", 1 << 40)

@@ -402,10 +402,19 @@ def test_with_batchnorm_auto_takes_exact_gradients_first():
     assert choice.plan == MemoryPlan(segments=AUTO_SEGMENTS) and "BatchNorm" in choice.chosen_because
 
 
+def _tensors_only(monkeypatch):
+    """The trace without oneDNN's copies in a convolution's backward (held during the op, not tensors of the step):
+    what recomputation saves is the step's activations (tests/predict/test_conv_scratch.py holds the copies)."""
+    from mtbench.predict import conv_scratch
+
+    monkeypatch.setattr(conv_scratch, "channel_block", lambda: None)
+
+
 def test_the_predictor_sees_what_recomputation_saves(monkeypatch):
     pytest.importorskip("torch.distributed._tools.mem_tracker")
     from mtbench import config
 
+    _tensors_only(monkeypatch)
     monkeypatch.setattr(config, "ALLOWED_TARGET_PREFIXES", config.ALLOWED_TARGET_PREFIXES + ("tests.",))
     cfg = compose_cfg([*TINY_JOB, "batch=64"])
     predictor = plan_select.job_predictor(cfg, "cpu", 1 << 30)
@@ -444,6 +453,7 @@ def test_counting_flops_keeps_no_recomputed_activation_alive(monkeypatch):
     from mtbench.predict.trace import trace_step
 
     ctx = SetupContext(torch.device("cpu"), 64, Synthetic(image_size=8), seed=0, batches=1)
+    _tensors_only(monkeypatch)
 
     def make() -> ImageClassification:
         return ImageClassification(TinyCNN(batchnorm=True), functools.partial(torch.optim.SGD, lr=0.1), SHAPE, 10)
