@@ -59,14 +59,11 @@ def test_a_convolution_torch_runs_natively_holds_nothing(monkeypatch):
 # peak beyond what is held between steps. glibc's mmap threshold fixed (as training memory is measured), no
 # transparent huge pages; VmHWM reset before the measured step.
 STEP = """
-import ctypes, ctypes.util, sys
-libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-assert libc.prctl(41, 1, 0, 0, 0) == 0  # PR_SET_THP_DISABLE
-assert libc.mallopt(-3, 128 * 1024) == 1 and libc.mallopt(-1, 128 * 1024) == 1  # mmap and trim thresholds
+import sys
+from tests.helpers.resident import hold_malloc, step_against_trace
+libc = hold_malloc()
 import torch
 from mtbench.predict import conv_scratch
-from mtbench.predict.trace import trace_step
-from mtbench.workload.base import SetupContext
 
 class Conv:
     def __init__(self, ic, oc, k, stride, hw):
@@ -86,27 +83,8 @@ class Conv:
     def host_seconds(self):
         return 0.0
 
-def status(key):
-    for line in open("/proc/self/status"):
-        if line.startswith(key):
-            return int(line.split()[1]) * 1024
-
 batch, ic, oc, k, stride, hw = (int(v) for v in sys.argv[1:7])
-ctx = SetupContext(device=torch.device("cpu"), batch_size=batch, data=None, seed=0, batches=1)
-make = lambda: Conv(ic, oc, k, stride, hw)
-w = make()
-w.setup(ctx)
-w.step()
-w.step()
-libc.malloc_trim(0)
-with open("/proc/self/clear_refs", "w") as f:
-    f.write("5")
-before = status("VmRSS")
-w.step()
-grown = status("VmHWM") - before
-trace = trace_step(make, ctx, fresh_mapping_bytes=128 << 10)
-held = sum(trace.breakdown_bytes[k] for k in ("parameters", "gradients", "optimizer_state", "inputs"))
-print(conv_scratch.channel_block(), grown, trace.peak_tensor_bytes - held)
+print(conv_scratch.channel_block(), *step_against_trace(libc, lambda: Conv(ic, oc, k, stride, hw), batch))
 """
 
 

@@ -109,38 +109,17 @@ def test_the_resident_share_is_what_the_kernel_says_is_resident():
 # A stacked bidirectional LSTM's step, its resident high-water mark against the trace: glibc's mmap threshold fixed
 # (as training memory is measured), no transparent huge pages, one thread; VmHWM reset before the measured step
 STACK = """
-import ctypes, ctypes.util, sys
-libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-assert libc.prctl(41, 1, 0, 0, 0) == 0  # PR_SET_THP_DISABLE
-assert libc.mallopt(-3, 128 * 1024) == 1 and libc.mallopt(-1, 128 * 1024) == 1  # mmap and trim thresholds
+import sys
+from tests.helpers.resident import hold_malloc, step_against_trace
+libc = hold_malloc()
 import torch
 torch.set_num_threads(1)
-from mtbench.predict.trace import trace_step
-from mtbench.workload.base import SetupContext
 from tests.predict.test_rnn_workspace import _Lstm
 
-def status(key):
-    for line in open("/proc/self/status"):
-        if line.startswith(key):
-            return int(line.split()[1]) * 1024
-
 batch, features, hidden, layers, bidirectional = (int(v) for v in sys.argv[1:6])
-ctx = SetupContext(device=torch.device("cpu"), batch_size=batch, data=None, seed=0, batches=1)
 make = lambda: _Lstm(features=features, hidden=hidden, layers=layers, bidirectional=bool(bidirectional), steps=100,
                      keep_grads=True)  # the gradients held between steps and at the peak alike
-w = make()
-w.setup(ctx)
-w.step()
-w.step()
-libc.malloc_trim(0)
-with open("/proc/self/clear_refs", "w") as f:
-    f.write("5")
-before = status("VmRSS")
-w.step()
-grown = status("VmHWM") - before
-trace = trace_step(make, ctx, fresh_mapping_bytes=128 << 10)
-held = sum(trace.breakdown_bytes[k] for k in ("parameters", "gradients", "optimizer_state", "inputs"))
-print(grown, trace.peak_tensor_bytes - held)
+print(*step_against_trace(libc, make, batch))
 """
 
 
