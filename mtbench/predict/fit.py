@@ -95,14 +95,15 @@ def calibrate(folder: Path, target: Optional[str] = None, out: Optional[str] = N
         x.append(calibration.time_features(p.flops, p.bytes_moved, p.ops, t.peak_fp32_flops if scaled else None,
                                            t.dram_bandwidth_bytes_per_s if scaled else None))
         y.append(float(s["step_time_s"][time_stat]))
+        trace = predictor.trace(model, batch)[0]  # the one predict traced (cached)
+        classes = trace.op_classes
         measured = measured_training_bytes(s)
         if measured is not None:  # less what the prediction adds beside the fit: the workload's arrays
-            residuals.append(measured - p.tensors_bytes - predictor.held_outside(predictor.trace(model, batch)[0])[0])
-            conv_w = predictor.trace(model, batch)[0].op_classes.get("conv", {}).get("weight_bytes", 0.0)
+            residuals.append(measured - p.tensors_bytes - predictor.held_outside(trace)[0])
+            conv_w = classes.get("conv", {}).get("weight_bytes", 0.0)
             mem_x.append(calibration.runtime_features(p.ops, transient_bytes(p.breakdown_bytes), conv_w))
             mem_total.append(measured)
         used.append(f"{model} b{batch}")
-        classes = predictor.trace(model, batch)[0].op_classes
         step_s = profiled.step_seconds(s, time_stat)
         op_rows.append(opcost.step_features(classes))
         op_y.append(step_s)
