@@ -61,15 +61,18 @@ def scratch_bytes(args: Tuple[Any, ...]) -> int:
     """Bytes oneDNN allocates and frees within one `aten::convolution_backward(*args)`: a blocked copy of the
     output's gradient (its channels padded to the block; where that gradient is not contiguous, as a sum's
     expanded ones are, torch's contiguous copy of it as well) and of the input (padded likewise; none for an
-    input of at most 3 channels, which oneDNN reads as it is). 0 where torch would not run it with oneDNN, for a transposed
-    convolution (not measured) and on a CPU whose blocking was not measured. Measured against the resident
-    high-water mark of one backward: docs/prediction.md."""
-    if len(args) < 10 or not all(isinstance(t, torch.Tensor) for t in args[:3]):
+    input of at most 3 channels, which oneDNN reads as it is). 0 where torch would not run it with oneDNN, for a
+    transposed convolution (not measured) and on a CPU whose blocking was not measured. Measured against the
+    resident high-water mark of one backward: docs/prediction.md."""
+    if BACKWARD_OP is None:
         return 0
-    grad_out, inp, weight = args[:3]
-    stride, dilation, transposed, groups = args[4], args[6], bool(args[7]), int(args[9])
+    named = dict(zip((a.name for a in BACKWARD_OP._schema.arguments), args))
+    grad_out, inp, weight = (named.get(k) for k in ("grad_output", "input", "weight"))
+    if len(named) < 10 or not all(isinstance(t, torch.Tensor) for t in (grad_out, inp, weight)):
+        return 0
     block = channel_block()
-    if block is None or not uses_onednn(inp, weight, stride, dilation, transposed, groups):
+    if block is None or not uses_onednn(inp, weight, named["stride"], named["dilation"], bool(named["transposed"]),
+                                        int(named["groups"])):
         return 0
     size = 0
     if not (grad_out.is_contiguous() or grad_out.is_contiguous(memory_format=torch.channels_last)):
