@@ -149,3 +149,17 @@ class BigFirstStep(_Base):
         if self.steps == 1:
             held = torch.ones(self.mib * 2**20, dtype=torch.uint8)
             del held
+
+
+class GrowingProducts(_Base):
+    """Each step multiplies a matrix with more rows than the step before by one 512 x 7709 weight, as seq2seq's
+    output projection does over batches padded each to its own length: MKL's memory manager keeps new buffers."""
+
+    def __init__(self) -> None:
+        self.steps = 0
+        self.weight = torch.randn(512, 7709)
+
+    def step(self) -> None:
+        self.steps += 1
+        out = torch.randn(40 + 8 * self.steps, 512) @ self.weight
+        del out

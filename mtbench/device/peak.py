@@ -11,7 +11,7 @@ from typing import Any, Callable, Dict, Optional
 
 import torch
 
-from mtbench.device import hugepages
+from mtbench.device import hugepages, mkl_memory
 from mtbench.device.arena import in_own_arena
 from mtbench.device.glibc import mallopt
 from mtbench.regular_files import read_head
@@ -196,6 +196,9 @@ class PeakMemory:
         self._hwm_resettable = False
         self.baseline_bytes: Optional[int] = None
         self.integrated = integrated(device)
+        self.mkl = mkl_memory.process()
+        if device.type == "cpu":
+            self.mkl.start()
 
     def reset(self, trim: bool = False) -> None:
         """trim (a CPU job held to a budget under `live`): first give back the heap earlier steps left (warm-up,
@@ -211,6 +214,7 @@ class PeakMemory:
         else:
             self._hwm_resettable = _reset_hwm()
             self.baseline_bytes = hwm_bytes() if self._hwm_resettable else None
+            self.mkl.reset()
 
     def read(self) -> Dict[str, Any]:
         if self.device.type == "cuda":
@@ -225,7 +229,7 @@ class PeakMemory:
         hwm = hwm_bytes()
         if hwm is not None and self._hwm_resettable:
             return {"mem_peak_bytes": hwm, "mem_peak_source": "process_rss", "mem_baseline_bytes": self.baseline_bytes,
-                    **training_peak(hwm)}
+                    **training_peak(hwm), **self.mkl.read()}
         # VmHWM that cannot be reset: the process's lifetime peak, warm-up included. A job forked from a sweep
         # (isolation) starts with its parent's resident size, as ru_maxrss does; a program started by exec starts
         # at its own, where ru_maxrss keeps the parent's (Linux carries it across exec)
@@ -273,10 +277,13 @@ def measure_training_step(device: torch.device, step: Callable[[], Any], then_gl
     if live.get("mmap_threshold_bytes") is None or not _reset_hwm():
         return {}
 
+    mkl = mkl_memory.process()
+
     def two_steps() -> Dict[str, Any]:
         step()
         release_memory(device)
         _reset_hwm()
+        mkl.reset()
         step()
         return {}
 
@@ -289,7 +296,7 @@ def measure_training_step(device: torch.device, step: Callable[[], Any], then_gl
         return {}
     where = ("the main heap (glibc's arena limit was reached): holes the measured steps left can count"
              if main_heap else "an arena of its own")
-    return {**figures, "mem_training_step": (
+    return {**figures, **mkl.read(), "mem_training_step": (
         f"the second of two untimed steps after the measured ones, in {where}, glibc's mmap threshold fixed at "
         f"{live['mmap_threshold_bytes']} bytes as under memory.cpu_malloc=live (the measured steps ran under "
         "glibc's own settings)")}

@@ -165,6 +165,8 @@ FIELD_TYPES: Dict[str, Tuple[Check, str]] = {
     "mem_training_sampled_bytes": (_num, "a number of bytes or null"),
     "mem_file_bytes": (_num, "a number of bytes or null"),
     "mem_training_step": (_opt(_str), "a string or null"),
+    "mem_mkl_bytes": (_num, "a number of bytes or null"),
+    "mem_mkl_note": (_opt(_str), "a string or null"),
     "mem_breakdown_bytes": (_opt(_obj(parameters=_num, gradients=_num, optimizer_state=_num, activations=_num,
                                       inputs=_num, other=_num, tracked_peak=_num)), "null or {part: bytes, ...}"),
     "mem_fragmentation_bytes": (_num, "a number of bytes or null"),

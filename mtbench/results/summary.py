@@ -12,6 +12,7 @@ FIGURE_KEYS = ("cpu_util_pct", "process_cpu_pct", "gpu_util_pct", "power_w", "en
                "mem_system_peak_bytes", "mem_training_bytes", "mem_breakdown_bytes", "loss", "data_wait_s", "data_wait_share")
 # keys every job's summary holds beside the required ones (null where the job did not get that far)
 JOB_KEYS = ("mem_peak_source", "mem_baseline_bytes", "mem_runtime_bytes", "mem_file_bytes", "mem_training_step",
+            "mem_mkl_bytes", "mem_mkl_note",
             "mem_fragmentation_bytes", "budget_runtime_bytes",
             "target", "budget_bytes", "budget_enforced_by", "parameters", "cudnn_benchmark", "data_pipeline", "power_mode", "memory_plan",
             "sampler", "env", "config")

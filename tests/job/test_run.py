@@ -238,3 +238,15 @@ def test_a_profiled_jobs_training_memory_is_measured_before_the_profiler_holds_i
     assert plain["mem_training_step"] and profiled["mem_training_step"]
     assert profiled["mem_training_bytes"] == pytest.approx(plain["mem_training_bytes"], rel=0.01), (
         profiled["mem_training_bytes"], plain["mem_training_bytes"])
+
+
+@pytest.mark.skipif(not torch.backends.mkl.is_available(), reason="this torch is built without MKL")
+def test_a_cpu_jobs_summary_says_what_mkls_memory_manager_held(run):
+    """The buffers MKL keeps for its products are part of the training memory: the summary gives their peak over
+    the steps that memory is measured in, from MKL's statistics (the untimed steps after the measured ones, here
+    steps 6 and 7: each product with more rows than any before it, so new buffers each)."""
+    s = run(FAKE + ["model.workload._target_=tests.fake_workloads.GrowingProducts", "warmup=1", "steps=3",
+                    "memory.breakdown=false"])
+    assert s["success"] and s["mem_training_step"], s
+    assert 8 * 2**20 < s["mem_mkl_bytes"] < s["mem_training_bytes"], (s["mem_mkl_bytes"], s["mem_training_bytes"])
+    assert "MKL's memory manager" in s["mem_mkl_note"]
