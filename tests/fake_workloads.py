@@ -163,3 +163,20 @@ class GrowingProducts(_Base):
         self.steps += 1
         out = torch.randn(40 + 8 * self.steps, 512) @ self.weight
         del out
+
+
+class Projection(_Base):
+    """A 512 -> 7709 linear layer (seq2seq's output projection) trained with SGD on one batch of random rows: three
+    products a step (forward, the input's and the weight's gradients) that MKL runs with buffers it keeps."""
+
+    def setup(self, ctx: SetupContext) -> None:
+        self.net = torch.nn.Linear(512, 7709).to(ctx.device)
+        self.optimizer = torch.optim.SGD(self.net.parameters(), lr=0.01)
+        self.x = torch.randn(ctx.batch_size, 512, device=ctx.device, requires_grad=True)
+
+    def step(self) -> torch.Tensor:
+        self.optimizer.zero_grad()
+        loss = self.net(self.x).square().mean()
+        loss.backward()
+        self.optimizer.step()
+        return loss.detach()

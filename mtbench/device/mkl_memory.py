@@ -11,7 +11,8 @@ import torch
 # or kept for reuse; mkl_peak_mem_usage(mode) gathers the most it held. x86 torch wheels link MKL statically into
 # libtorch_cpu and export these under the mkl_serv_ names; a torch linked to a shared MKL has the public names
 PEAK_DISABLE, PEAK_ENABLE, PEAK_RESET, PEAK_READ = 0, 1, -1, 2
-_NAMES = (("mkl_serv_mem_stat", "mkl_serv_peak_mem_usage"), ("MKL_Mem_Stat", "MKL_Peak_Mem_Usage"))
+_NAMES = (("mkl_serv_mem_stat", "mkl_serv_peak_mem_usage", "mkl_serv_free_buffers"),
+          ("MKL_Mem_Stat", "MKL_Peak_Mem_Usage", "MKL_Free_Buffers"))
 # what a job's training memory holds of MKL's: its matrix products' packing buffers, which its memory manager keeps
 # after each product for the next (MKL_DISABLE_FAST_MM=1 in the environment when the process starts: not kept)
 WHAT = ("the most MKL's memory manager held over the steps the training memory was measured in (its matrix "
@@ -28,15 +29,17 @@ class MklMemory:
         self.why: Optional[str] = None
         self._stat: Any = None
         self._peak: Any = None
+        self._free: Any = None
         self._base = 0  # what MKL held when its peak began to be gathered: its peak counts from there
         self.started = False
         if not torch.backends.mkl.is_available():
             self.why = f"torch {torch.__version__} is built without MKL (its products use another BLAS)"
             return
         handle = _loaded(library or os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.so"))
-        for stat, peak in _NAMES:
-            if handle is not None and hasattr(handle, stat) and hasattr(handle, peak):
-                self._stat, self._peak = getattr(handle, stat), getattr(handle, peak)
+        for stat, peak, free in _NAMES:
+            if handle is not None and all(hasattr(handle, name) for name in (stat, peak, free)):
+                self._stat, self._peak, self._free = getattr(handle, stat), getattr(handle, peak), getattr(handle, free)
+                self._free.restype = None
                 self._stat.restype, self._stat.argtypes = ctypes.c_int64, [ctypes.POINTER(ctypes.c_int)]
                 self._peak.restype, self._peak.argtypes = ctypes.c_int64, [ctypes.c_int]
                 return
@@ -50,6 +53,11 @@ class MklMemory:
         buffers = ctypes.c_int(0)
         value = int(self._stat(ctypes.byref(buffers)))
         return value if value >= 0 else None
+
+    def free_buffers(self) -> None:
+        """Give back the buffers MKL's memory manager keeps and no product uses (mkl_free_buffers)."""
+        if self._free is not None:
+            self._free()
 
     def start(self) -> None:
         """Begin gathering MKL's peak (once per process: a later call keeps the first)."""

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from mtbench.errors import UsageError
-from mtbench.predict import allocator, calibration, opcost
+from mtbench.predict import allocator, calibration, mkl_buffers, opcost
 from mtbench.predict.maxsearch import largest_batch
 from mtbench.predict.non_tensor import (DEFAULT_NON_TENSOR_BYTES_CPU, DEFAULT_NON_TENSOR_BYTES_CPU_LIVE,
                                          DEFAULT_NON_TENSOR_NOTE_CPU, DEFAULT_NON_TENSOR_NOTE_CPU_LIVE,
@@ -62,7 +62,7 @@ class Predictor:
     _traces: Dict[Tuple[str, int], Tuple[StepTrace, str]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        from mtbench.device.budget import target_from_cfg
+        from mtbench.device.budget import job_budget, target_from_cfg
         from mtbench.device.peak import measured_cpu_malloc
 
         cfg = self.compose(None, 1, [o for o in self.overrides if o.startswith(("target.", "memory."))])
@@ -71,6 +71,9 @@ class Predictor:
         # the malloc a CPU job's training memory is measured under with this config
         self.cpu_malloc = measured_cpu_malloc(str(memory.get("cpu_malloc", "auto")))
         self.cpu_malloc_live = self.cpu_malloc == "live"
+        # a CPU job measures its training memory in two steps of a thread of its own where nothing holds it to a
+        # budget under glibc's own malloc (device/peak.measure_training_step), else in its measured steps
+        self.measured_in_own_thread = str(memory.get("cpu_malloc", "auto")) == "auto" and job_budget(cfg)[0] is None
         if self.device not in ("cpu", "cuda", "auto"):
             raise UsageError(f"device={self.device!r} is not known; allowed: cpu, cuda, auto")
         if self.device == "auto":
@@ -229,12 +232,19 @@ class Predictor:
 
     def held_outside(self, trace: StepTrace) -> Tuple[int, str]:
         """What a CPU job holds beyond its tensors and the calibrated runtime, counted rather than fitted, and what
-        that is: the workload's arrays (Workload.host_bytes). 0 on a GPU, whose budget counts the allocator's
-        memory only."""
-        if self.device != "cpu" or not trace.host_bytes:
+        that is: the workload's arrays (Workload.host_bytes) and the buffers MKL keeps for its products on this
+        host (mkl_buffers). 0 on a GPU, whose budget counts the allocator's memory only."""
+        if self.device != "cpu":
             return 0, ""
-        return trace.host_bytes, (f"; + {trace.host_bytes / 2**20:.1f} MiB the workload holds outside tensors "
-                                  "(Workload.host_bytes: a replay buffer's touched pages)")
+        held, note = trace.host_bytes, ""
+        if trace.host_bytes:
+            note = (f"; + {trace.host_bytes / 2**20:.1f} MiB the workload holds outside tensors "
+                    "(Workload.host_bytes: a replay buffer's touched pages)")
+        if trace.products:
+            kept, why = mkl_buffers.kept_bytes(trace.products, trace.products[trace.measured_products:],
+                                               self.measured_in_own_thread)
+            held, note = held + (kept or 0), note + (f"; + {why}" if kept is not None else f"; MKL's buffers: {why}")
+        return held, note
 
     def _host_time(self, trace: StepTrace, step_s: Optional[float], roofline_s: Optional[float],
                    note: str) -> Tuple[Optional[float], Optional[float], str]:

@@ -10,7 +10,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
-from mtbench.predict import conv_scratch, opcost, rnn_workspace
+from mtbench.predict import conv_scratch, mkl_buffers, opcost, rnn_workspace
 from mtbench.workload.breakdown import PARTS as BREAKDOWN_KEYS  # the measured breakdown's keys: ours too
 from mtbench.workload import torch_internals
 from mtbench.workload.base import SetupContext, Workload
@@ -37,6 +37,8 @@ class StepTrace:
     trace_s: float = 0.0  # wall time the trace took
     host_bytes: int = 0  # what the workload holds outside tensors after the job's steps (Workload.host_bytes)
     host_s: float = 0.0  # seconds a step spent outside torch's ops on this host (Workload.host_seconds)
+    products: List[mkl_buffers.Shape] = field(default_factory=list)  # both steps' matrix products MKL would run
+    measured_products: int = 0  # products[measured_products:] are the measured step's
 
 
 def _walk_state(obj: Any, seen: set, depth: int = 0) -> Iterator[Any]:
@@ -81,6 +83,7 @@ class _StepCounter(torch.utils._python_dispatch.TorchDispatchMode):
         self.forward_flops = 0
         self.flops_fix = 0  # added to FlopCounterMode's total (see _grouped_backward_flops)
         self.classes = opcost.empty_classes()
+        self.products: List[mkl_buffers.Shape] = []  # mkl_buffers.note
         self.in_optimizer = False  # set by the optimizers' step hooks: the update is a class of its own
         self.fresh_mapping_bytes: Optional[int] = None  # a CPU's malloc maps allocations this large fresh (None: GPU)
         self._class_of: Dict[Any, str] = {}
@@ -207,6 +210,7 @@ class _StepCounter(torch.utils._python_dispatch.TorchDispatchMode):
             added = rnn
         if not getattr(func, "is_view", False) and func not in _METADATA_OPS:
             self.ops += 1
+            mkl_buffers.note(self.products, func, args)
             leaves = torch.utils._pytree.tree_leaves((args, kwargs, out))
             moved = sum(t.numel() * t.element_size() for t in leaves if isinstance(t, torch.Tensor))
             self.bytes_moved += moved
@@ -283,6 +287,7 @@ def trace_step(make_workload: Callable[[], Workload], ctx: SetupContext, fake: b
         tracker = torch_internals.new_recording_tracker()
         inputs_bytes, state_bytes = _track_state(tracker, workload)
         counter.ops = counter.bytes_moved = counter.forward_flops = counter.flops_fix = 0
+        measured_from = len(counter.products)
         counter.classes, counter.recent = opcost.empty_classes(), opcost.RecentReads(cache_bytes)
         with tracker, flops, counter, opcost.optimizer_marked(counter):
             workload.step()
@@ -295,7 +300,7 @@ def trace_step(make_workload: Callable[[], Workload], ctx: SetupContext, fake: b
         flops=int(flops.get_total_flops() + counter.flops_fix), forward_flops=int(counter.forward_flops),
         bytes_moved=int(counter.bytes_moved), ops=int(counter.ops), op_classes=counter.classes,
         events=tracker.events, trace_s=time.monotonic() - start, host_bytes=int(host),
-        host_s=float(workload.host_seconds()),
+        host_s=float(workload.host_seconds()), products=counter.products, measured_products=measured_from,
     )
 
 
