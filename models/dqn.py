@@ -19,7 +19,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from mtbench.data.atari import AtariGame
+from mtbench.device.peak import anon_rss_bytes
 from mtbench.workload.base import SetupContext, StepLoss, Workload, optimizer_from
+
+# what making a process's first emulator of a game added to its anonymous memory (ALE's machine, the ROM, gymnasium's
+# and ale-py's modules on first import): measured once per process, as a job makes one; a later one reuses the
+# modules, so the first figure stands for every trace of the game in a predictor's process
+_EMULATOR_BYTES: Dict[str, int] = {}
 
 
 class NatureQNetwork(nn.Module):
@@ -74,7 +81,12 @@ class DQN(Workload):
 
     def setup(self, ctx: SetupContext) -> None:
         self.device = ctx.device
+        before = anon_rss_bytes()
         self.env = ctx.data.atari_env(ctx.seed)
+        made = anon_rss_bytes()
+        self.emulator_bytes = 0  # only an emulator's: synthetic frames hold a random generator
+        if isinstance(self.env, AtariGame) and before is not None and made is not None:
+            self.emulator_bytes = _EMULATOR_BYTES.setdefault(ctx.data.label, max(0, made - before))
         if self.env.n_actions != self.q.body[-1].out_features:
             self.q = NatureQNetwork(self.env.n_actions)
         self.q.to(ctx.device).train()
@@ -137,14 +149,15 @@ class DQN(Workload):
             self.env.close()
 
     def host_bytes(self, later_steps: int) -> int:
-        """The replay buffer's touched pages (np.empty: a page is touched when a transition is first written)."""
+        """The replay buffer's touched pages (np.empty: a page is touched when a transition is first written) and
+        the emulator's memory (ALE's, measured as it was made)."""
         buffer = getattr(self, "buffer", None)
         if buffer is None:
             return 0
         per = sum(a.nbytes // buffer.capacity for a in (buffer.obs, buffer.next_obs, buffer.action, buffer.reward,
                                                          buffer.done))
         written = min(buffer.capacity, buffer.size + later_steps * self.env_steps)
-        return int(written * per)
+        return int(written * per) + int(getattr(self, "emulator_bytes", 0))
 
     def host_seconds(self) -> float:
         """The emulator's own time in its last step (env.step, a reset, the replay buffer's write; the action

@@ -117,8 +117,9 @@ def check_targets(node: Any, where: str = "") -> None:
             check_targets(value, f"{where}[{i}]")
 
 
-def check_target(target: str, where: str) -> None:
-    """The one `_target_` of the node at `where` is allowed (see `check_targets`), or a UsageError says why."""
+def check_target(target: str, where: str) -> Any:
+    """The one `_target_` of the node at `where` is allowed (see `check_targets`), or a UsageError says why; returns
+    what it names."""
     at = f" at {where}" if where else ""
     allowed = f"allowed: callables defined under {', '.join(ALLOWED_TARGET_PREFIXES)}"
     if not target.startswith(ALLOWED_TARGET_PREFIXES):
@@ -134,6 +135,7 @@ def check_target(target: str, where: str) -> None:
                          "model.workload or inside model.workload")
     if not _is_kind(obj, kind):
         raise UsageError(f"_target_ '{target}'{at} is {what}, not {KINDS[kind]}; allowed there: {KINDS[kind]}")
+    return obj
 
 
 def _bases(cls: Any) -> List[str]:

@@ -82,6 +82,7 @@ class AtariGame:
 class Atari(DataSource):
     name = "atari"
     gives = "an Atari environment"
+    traced_as_is = True  # ALE's steps and memory are the job's; the ROMs ship with ale-py
 
     def __init__(self, game: str = "Pong", **loader) -> None:
         self.set_loader(loader)

@@ -103,6 +103,9 @@ class DataSource:
     name = "data"
     gives = "nothing"  # what this source provides, for error messages
     loader_settings = LoaderSettings()  # data.loader=preloaded unless the config says otherwise
+    # the predictor traces a job on synthetic data, unless its source costs the job time and memory of its own and
+    # needs no files (an emulator): then on the source itself, so that its cost is the job's
+    traced_as_is = False
 
     def set_loader(self, keys: Dict[str, Any]) -> None:
         """data.loader and its settings, the keys every conf/data/ file takes from _pipeline.yaml."""

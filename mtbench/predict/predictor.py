@@ -104,7 +104,8 @@ class Predictor:
         """Forget the cached traces (a memory plan changes what a (model, batch) trace holds)."""
         self._traces.clear()
 
-    def compose(self, model: Optional[str], batch: int, extra: Optional[Sequence[str]] = None) -> Any:
+    def compose(self, model: Optional[str], batch: int, extra: Optional[Sequence[str]] = None,
+                data: Optional[str] = "synthetic") -> Any:
         if self.job_config is not None:  # the job's own config, at `batch`
             from omegaconf import OmegaConf
 
@@ -117,7 +118,7 @@ class Predictor:
         from mtbench.config import conf_dir, group_options
 
         extra = self.overrides if extra is None else extra
-        overrides = [f"target={self.target_name}", f"batch={batch}", "data=synthetic", *extra]
+        overrides = [f"target={self.target_name}", f"batch={batch}", *([f"data={data}"] if data else []), *extra]
         if model is not None:
             if model not in group_options("model"):
                 raise UsageError(f"model={model!r} is not known; allowed: {', '.join(group_options('model'))}")
@@ -147,8 +148,8 @@ class Predictor:
         # tensors is slow: BERT pads each example with its own ops) and the others are added as inputs
         later = int(cfg.warmup) + int(cfg.steps)
         batches = min(MAX_PREPARED_BATCHES, later)
-        ctx = SetupContext(device=trace_device, batch_size=batch, data=instantiate(cfg.data, "data"), seed=int(cfg.seed),
-                           batches=1)
+        data, data_note = self._data(model, batch, cfg)
+        ctx = SetupContext(device=trace_device, batch_size=batch, data=data, seed=int(cfg.seed), batches=1)
 
         every = {"batch": False}  # the workload prepares each of the job's batches (PADDED_PER_BATCH)
 
@@ -167,9 +168,17 @@ class Predictor:
             trace = trace_step(make, ctx, cuda_optimizers=self.device == "cuda", later_steps=later,
                                cache_bytes=self.cache_bytes,
                                fresh_mapping_bytes=self._fresh_mapping_bytes())
-            return held(trace), f"fake tensors on {trace_device.type}"
-        except UsageError:
-            raise
+            return held(trace), f"fake tensors on {trace_device.type}{data_note}"
+        except UsageError as exc:
+            if not data_note:
+                raise
+            # the job's own source could not be run here (no ALE): synthetic data, and the note says so
+            from dataclasses import replace
+
+            ctx = replace(ctx, data=instantiate(cfg.data, "data"))
+            trace = trace_step(make, ctx, cuda_optimizers=self.device == "cuda", later_steps=later,
+                               cache_bytes=self.cache_bytes, fresh_mapping_bytes=self._fresh_mapping_bytes())
+            return held(trace), f"fake tensors on {trace_device.type}; on synthetic data, not the job's: {exc}"
         except Exception as exc:  # a kernel that needs values fake tensors lack: trace real tensors instead
             why = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
         cpu_ctx = SetupContext(device=torch.device("cpu"), batch_size=batch, data=ctx.data, seed=ctx.seed,
@@ -177,6 +186,19 @@ class Predictor:
         trace = trace_step(make, cpu_ctx, fake=False, cuda_optimizers=self.device == "cuda", later_steps=later,
                            cache_bytes=self.cache_bytes)
         return held(trace), f"real tensors on cpu (allocates; on fake tensors: {why})"
+
+    def _data(self, model: str, batch: int, cfg: Any) -> Tuple[Any, str]:
+        """The trace's data source: the synthetic one of `cfg`, or the job's own where that is traced as is (an
+        emulator: DataSource.traced_as_is), with the note that says so."""
+        from mtbench.config import check_target, instantiate
+
+        job = self.compose(model, batch, data=None)
+        target = str((job.get("data") or {}).get("_target_", ""))
+        if target and target != str(cfg.data.get("_target_", "")):
+            if getattr(check_target(target, "data"), "traced_as_is", False):  # only an allowed source is imported
+                source = instantiate(job.data, "data")
+                return source, f"; on the job's own data ({source.label}: its time and memory are the job's)"
+        return instantiate(cfg.data, "data"), ""
 
     def _fresh_mapping_bytes(self) -> Optional[int]:
         """From this size a CPU job's malloc maps an allocation fresh: glibc's fixed threshold under `live`, the
@@ -239,7 +261,7 @@ class Predictor:
         held, note = trace.host_bytes, ""
         if trace.host_bytes:
             note = (f"; + {trace.host_bytes / 2**20:.1f} MiB the workload holds outside tensors "
-                    "(Workload.host_bytes: a replay buffer's touched pages)")
+                    "(Workload.host_bytes: a replay buffer's touched pages, an emulator's memory)")
         if trace.products:
             kept, why = mkl_buffers.kept_bytes(trace.products, trace.products[trace.measured_products:],
                                                self.measured_in_own_thread)
