@@ -31,7 +31,7 @@ def note(products: List[Shape], func: Any, args: Tuple[Any, ...]) -> None:
                      min(int(b.shape[-1]), CAPS[3])))
 
 
-_KEPT: Dict[Tuple[Any, ...], Optional[int]] = {}  # replays are deterministic on one host: each is run once
+_KEPT: Dict[Tuple[Any, ...], Optional[int]] = {}  # deterministic on one host and thread count: each run once
 
 
 def kept_bytes(steps: Sequence[Shape], measured: Sequence[Shape], own_thread: bool) -> Tuple[Optional[int], str]:
@@ -44,7 +44,7 @@ def kept_bytes(steps: Sequence[Shape], measured: Sequence[Shape], own_thread: bo
     mkl = mkl_memory.process()
     if mkl.held() is None:
         return None, mkl.why or "MKL's statistics cannot be read"
-    key = (tuple(steps), tuple(measured) if own_thread else (), own_thread)
+    key = (tuple(steps), tuple(measured) if own_thread else (), own_thread, torch.get_num_threads())
     if key not in _KEPT:
         _KEPT[key] = _replay(mkl, _once(steps), _once(measured) if own_thread else [])
     kept = _KEPT[key]
