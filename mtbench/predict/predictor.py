@@ -60,6 +60,7 @@ class Predictor:
     stored_calibration: bool = True  # False: no calibration, and the trace models this host's cache (calibrate's use)
     job_config: Any = None  # a job's composed config: predict that job at other batches (the planner's use)
     _traces: Dict[Tuple[str, int], Tuple[StepTrace, str]] = field(default_factory=dict)
+    _job_data: Dict[str, Any] = field(default_factory=dict)  # each model's own data node (the batch changes nothing)
 
     def __post_init__(self) -> None:
         from mtbench.device.budget import job_budget, target_from_cfg
@@ -192,11 +193,13 @@ class Predictor:
         emulator: DataSource.traced_as_is), with the note that says so."""
         from mtbench.config import check_target, instantiate
 
-        job = self.compose(model, batch, data=None)
-        target = str((job.get("data") or {}).get("_target_", ""))
+        if model not in self._job_data:
+            self._job_data[model] = self.compose(model, batch, data=None).get("data") or {}
+        job_data = self._job_data[model]
+        target = str(job_data.get("_target_", ""))
         if target and target != str(cfg.data.get("_target_", "")):
             if getattr(check_target(target, "data"), "traced_as_is", False):  # only an allowed source is imported
-                source = instantiate(job.data, "data")
+                source = instantiate(job_data, "data")
                 return source, f"; on the job's own data ({source.label}: its time and memory are the job's)"
         return instantiate(cfg.data, "data"), ""
 
@@ -263,10 +266,15 @@ class Predictor:
             note = (f"; + {trace.host_bytes / 2**20:.1f} MiB the workload holds outside tensors "
                     "(Workload.host_bytes: a replay buffer's touched pages, an emulator's memory)")
         if trace.products:
-            kept, why = mkl_buffers.kept_bytes(trace.products, trace.products[trace.measured_products:],
-                                               self.measured_in_own_thread)
+            kept, why = self.mkl_kept(trace)
             held, note = held + (kept or 0), note + (f"; + {why}" if kept is not None else f"; MKL's buffers: {why}")
         return held, note
+
+    def mkl_kept(self, trace: StepTrace) -> Tuple[Optional[int], str]:
+        """What MKL keeps of the traced products' buffers in the job, as this config measures its training memory
+        (mkl_buffers.kept_bytes; None and why where MKL's statistics cannot be read)."""
+        return mkl_buffers.kept_bytes(trace.products, trace.products[trace.measured_products:],
+                                      self.measured_in_own_thread)
 
     def _host_time(self, trace: StepTrace, step_s: Optional[float], roofline_s: Optional[float],
                    note: str) -> Tuple[Optional[float], Optional[float], str]:

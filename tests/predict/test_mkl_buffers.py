@@ -62,8 +62,7 @@ def test_the_replay_gives_what_the_jobs_mkl_held(tmp_path, monkeypatch, malloc):
     predictor = Predictor(target_name="none", device="cpu",
                           overrides=(*PROJECTION, "warmup=1", "steps=2", f"memory.cpu_malloc={malloc}"))
     trace, _ = predictor.trace("squeezenet", 64)
-    kept, why = mkl_buffers.kept_bytes(trace.products, trace.products[trace.measured_products:],
-                                       predictor.measured_in_own_thread)
+    kept, why = predictor.mkl_kept(trace)
     assert predictor.measured_in_own_thread == (malloc == "auto")
     assert measured > 4 << 20 and kept is not None, (measured, why)
     assert kept == pytest.approx(measured, rel=0.1), (kept, measured)

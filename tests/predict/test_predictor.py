@@ -270,12 +270,7 @@ def test_a_replay_buffer_is_predicted_on_a_cpu_not_on_a_gpu(tmp_path, monkeypatc
 
 def _mkl_kept(predictor, model: str, batch: int) -> int:
     """What a prediction counts of MKL's kept buffers (tests/predict/test_mkl_buffers.py; 0 without MKL)."""
-    from mtbench.predict import mkl_buffers
-
-    trace = predictor.trace(model, batch)[0]
-    kept, _ = mkl_buffers.kept_bytes(trace.products, trace.products[trace.measured_products:],
-                                     predictor.measured_in_own_thread)
-    return kept or 0
+    return predictor.mkl_kept(predictor.trace(model, batch)[0])[0] or 0
 
 
 def test_a_calibration_leaves_a_replay_buffer_out_of_the_runtime_it_fits(tmp_path, monkeypatch):
