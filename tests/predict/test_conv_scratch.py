@@ -64,8 +64,9 @@ from tests.helpers.resident import hold_malloc, step_against_trace
 libc = hold_malloc()
 import torch
 from mtbench.predict import conv_scratch
+from mtbench.workload.base import Workload
 
-class Conv:
+class Conv(Workload):
     def __init__(self, ic, oc, k, stride, hw):
         self.net = torch.nn.Conv2d(ic, oc, k, stride=stride)
         self.opt = torch.optim.SGD(self.net.parameters(), lr=0.1)
@@ -78,10 +79,6 @@ class Conv:
         self.opt.step()
     def modules(self):
         return [self.net]
-    def host_bytes(self, later_steps):
-        return 0
-    def host_seconds(self):
-        return 0.0
 
 batch, ic, oc, k, stride, hw = (int(v) for v in sys.argv[1:7])
 print(conv_scratch.channel_block(), *step_against_trace(libc, lambda: Conv(ic, oc, k, stride, hw), batch))

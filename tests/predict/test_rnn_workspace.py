@@ -11,7 +11,7 @@ pytest.importorskip("torch.distributed._tools.mem_tracker", reason="the predicto
 
 from mtbench.predict import rnn_workspace  # noqa: E402
 from mtbench.predict.trace import trace_step  # noqa: E402
-from mtbench.workload.base import SetupContext  # noqa: E402
+from mtbench.workload.base import SetupContext, Workload  # noqa: E402
 from tests.helpers.run_if import run_if  # noqa: E402
 from tests.helpers.env import child_env
 
@@ -144,9 +144,8 @@ def test_a_stacked_lstm_step_is_predicted_as_it_stays_resident(shape):
     assert abs(predicted - measured) <= 0.08 * measured, (predicted, measured)
 
 
-class _Lstm:
-    """A workload of one LSTM stack, two layers by default (the trace's interface: setup, step, modules,
-    host_bytes, host_seconds)."""
+class _Lstm(Workload):
+    """A workload of one LSTM stack, two layers by default."""
 
     def __init__(self, features: int = 32, hidden: int = 64, layers: int = 2, bidirectional: bool = False,
                  steps: int = 40, keep_grads: bool = False) -> None:
@@ -165,12 +164,6 @@ class _Lstm:
 
     def modules(self):
         return [self.net]
-
-    def host_bytes(self, later_steps):
-        return 0
-
-    def host_seconds(self):
-        return 0.0
 
 
 def test_a_traced_lstm_holds_its_workspace_as_real_tensors_do(monkeypatch):
