@@ -20,33 +20,21 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 
-CHILD = r"""
-import json, sys, tempfile
-from pathlib import Path
-from hydra import compose, initialize_config_dir
-from mtbench.config import conf_dir
-from mtbench.job.run import run_job
-model, batch, steps, out = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
-with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
-    cfg = compose(config_name="config", overrides=[f"model={model}", f"batch={batch}", "device=cpu", "warmup=1",
-                                                    f"steps={steps}", "profile=false"])
-s = run_job(cfg, Path(out))
-print(json.dumps({k: s.get(k) for k in ("success", "mem_training_bytes", "budget_runtime_bytes", "mem_mkl_bytes",
-                                         "mem_mkl_note")}))
-"""
-
-
 def run(model: str, batch: int, steps: int, fast_mm: bool) -> dict:
+    """The job as benchmarks/predict_accuracy.py runs it (run_job_child), in a fresh process; its summary."""
     env = {k: v for k, v in os.environ.items() if k != "MKL_DISABLE_FAST_MM"}
     env["PYTHONPATH"] = str(REPO)
     if not fast_mm:
         env["MKL_DISABLE_FAST_MM"] = "1"
+    code = (f"from benchmarks.predict_accuracy import run_job_child; run_job_child({model!r}, {batch}, OUT, "
+            f"steps={steps}, profile=False)")
     with tempfile.TemporaryDirectory() as out:
-        proc = subprocess.run([sys.executable, "-c", CHILD, model, str(batch), str(steps), out], capture_output=True,
-                              text=True, env=env, cwd=out)
-    if proc.returncode != 0:
-        raise SystemExit(f"{model} b{batch}: the job failed: {(proc.stderr.strip().splitlines() or ['?'])[-1]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+        proc = subprocess.run([sys.executable, "-c", f"OUT = {out!r}; {code}"], capture_output=True, text=True,
+                              env=env, cwd=REPO)
+        summary = Path(out) / "summary.json"
+        if proc.returncode != 0 or not summary.is_file():
+            raise SystemExit(f"{model} b{batch}: the job failed: {(proc.stderr.strip().splitlines() or ['?'])[-1]}")
+        return json.loads(summary.read_text())
 
 
 def main(argv=None) -> None:
