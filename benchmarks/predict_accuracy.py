@@ -1,7 +1,7 @@
 """Predictor accuracy and cost on this machine, side by side with measurement (issues 10, 21).
 
     python benchmarks/predict_accuracy.py [--sweep DIR] [--batches 2,8,32] [--batches-for MODEL=B,B,B]
-        [--models a,b,...] [--held-out a,b,...] [--steps 5] [--no-speed] [--maxbatch]
+        [--models a,b,...] [--held-out a,b,...] [--steps 5] [--no-speed] [--maxbatch [--maxbatch-repeats N]]
     python benchmarks/predict_accuracy.py --all-models   # every model at batch 8: how it traced, peak, FLOPs
 
 Every model of conf/model, BERT at its own batches (about 35 minutes on 2 cores; a folder that holds some of the
@@ -195,45 +195,62 @@ def _warm_prober() -> None:
     """What the first probe of a process pays once (torchvision's import, Hydra's first compose: 1.4 s on the VM of
     docs/benchmarks.md), paid before either search is timed: both searches run in this one process, the guided
     one first, and `mtbench maxbatch` pays it once whichever search it runs."""
-    import torchvision  # noqa: F401 - what run_isolated imports
+    import importlib
+
     from hydra import compose, initialize_config_dir
 
     from mtbench import config
-    from mtbench.job import isolation  # noqa: F401
+
+    for module in ("torchvision", "mtbench.job.isolation"):  # what run_isolated imports, and run_isolated
+        importlib.import_module(module)
 
     with initialize_config_dir(config_dir=str(config.conf_dir()), version_base="1.3"):
         compose(config_name="config", overrides=[f"model={MAXBATCH_MODELS[0]}"])
 
 
-def maxbatch_comparison(models) -> None:
+def maxbatch_comparison(models, repeats: int = 1) -> None:
     """Guided (a small probe, the predicted max batch, then probes) against the full search, both as
-    `mtbench maxbatch` runs them (--start 2) and timed in this one run."""
+    `mtbench maxbatch` runs them (--start 2) and timed in this one run: `repeats` times each, the order of the two
+    alternating (guided first, then full first, ...), each search's median time compared (with its range where
+    repeated: a probe's time moves by a third between runs on the VM of docs/benchmarks.md)."""
     from mtbench.campaign.maxbatch import guided, probe_isolated, search
 
-    print(f"\nmax batch, target=nano device=cpu ({quiet()}):")
+    print(f"\nmax batch, target=nano device=cpu, {repeats} run(s) of each search, order alternating ({quiet()}):")
     print(f"{'model':<12} {'full':>6} {'probes':>6} {'s':>6} {'pred':>6} {'guided':>6} {'probes':>6} {'s':>6} "
-          f"{'same':>5} {'speed-up':>8}")
+          f"{'same':>5} {'speed-up':>8}  {'full s, each':<18} guided s, each")
     args = argparse.Namespace(start=2, limit=4096, tolerance=0.05)
     _warm_prober()
     for model in models:
-        with tempfile.TemporaryDirectory() as tmp:
-            overrides = [f"model={model}", "target=nano", "device=cpu"]
-            n = iter(range(10 ** 6))
+        fulls, guideds, predictions = [], [], []
+        for run in range(repeats):
+            with tempfile.TemporaryDirectory() as tmp:
+                overrides = [f"model={model}", "target=nano", "device=cpu"]
+                n = iter(range(10 ** 6))
 
-            def prober(batch: int):
-                return probe_isolated(overrides, batch, Path(tmp) / f"{next(n)}-b{batch}")
+                def prober(batch: int):
+                    return probe_isolated(overrides, batch, Path(tmp) / f"{next(n)}-b{batch}")
 
-            said = io.StringIO()
-            with contextlib.redirect_stdout(said):  # its "predicted max batch: ..." line
-                g = guided(model, "nano", overrides[1:], prober, args)
-            predicted = re.search(r"predicted max batch: (\d+)", said.getvalue())
-            if not predicted:
-                print(f"  {model}: {said.getvalue().strip()}")
-            full = search(prober, start=args.start, model=model)
-        same = abs(g.max_batch - full.max_batch) <= max(1, 0.05 * full.max_batch)
-        print(f"{model:<12} {full.max_batch:>6} {len(full.probes):>6} {full.seconds:>6.0f} "
-              f"{predicted.group(1) if predicted else 'none':>6} {g.max_batch:>6} {len(g.probes):>6} "
-              f"{g.seconds:>6.0f} {str(same):>5} {full.seconds / max(g.seconds, 1e-9):>7.1f}x")
+                def run_guided():
+                    said = io.StringIO()
+                    with contextlib.redirect_stdout(said):  # its "predicted max batch: ..." line
+                        guideds.append(guided(model, "nano", overrides[1:], prober, args))
+                    predicted = re.search(r"predicted max batch: (\d+)", said.getvalue())
+                    if not predicted:
+                        print(f"  {model}: {said.getvalue().strip()}")
+                    predictions.append(predicted.group(1) if predicted else "none")
+
+                for which in ("guided", "full") if run % 2 == 0 else ("full", "guided"):
+                    if which == "full":
+                        fulls.append(search(prober, start=args.start, model=model))
+                    else:
+                        run_guided()
+        full, g = fulls[-1], guideds[-1]
+        same = all(abs(x.max_batch - f.max_batch) <= max(1, 0.05 * f.max_batch) for x, f in zip(guideds, fulls))
+        full_s, guided_s = (statistics.median(x.seconds for x in runs) for runs in (fulls, guideds))
+        each = [" ".join(f"{x.seconds:.0f}" for x in runs) for runs in (fulls, guideds)]
+        print(f"{model:<12} {full.max_batch:>6} {len(full.probes):>6} {full_s:>6.0f} "
+              f"{'/'.join(sorted(set(predictions))):>6} {g.max_batch:>6} {len(g.probes):>6} "
+              f"{guided_s:>6.0f} {str(same):>5} {full_s / max(guided_s, 1e-9):>7.1f}x  {each[0]:<18} {each[1]}")
 
 
 def main() -> None:
@@ -250,12 +267,16 @@ def main() -> None:
     ap.add_argument("--time-stat", choices=("median", "min"), default="median",
                     help="the step-time statistic calibrated on and compared with (`mtbench calibrate time_stat=`): "
                          "min, the fastest measured step, holds less of what other processes add")
+    ap.add_argument("--maxbatch-repeats", type=int, default=1, metavar="N",
+                    help="with --maxbatch: run each search N times, the order alternating, and compare medians")
     ap.add_argument("--maxbatch", action="store_true",
                     help="also compare guided and full maxbatch (target=nano, device=cpu) for " +
                          ", ".join(MAXBATCH_MODELS))
     ap.add_argument("--all-models", action="store_true",
                     help="only predict every model of conf/model at batch 8 for target none and tx2 (how each traced)")
     args = ap.parse_args()
+    if args.maxbatch_repeats < 1:
+        ap.error(f"--maxbatch-repeats {args.maxbatch_repeats}: must be 1 or more")
 
     from mtbench.predict.calibration import load, mape_pct
     from mtbench.predict.fit import calibrate, measured_training_bytes, read_summaries, split_by_model
@@ -322,7 +343,8 @@ def main() -> None:
     print(f"after the predictions: {quiet()}")
     if args.maxbatch:  # from a fresh process: this one ran autograd (the traces), and each probe is a fork
         subprocess.run([sys.executable, "-c", "from benchmarks.predict_accuracy import MAXBATCH_MODELS, "
-                        "maxbatch_comparison; maxbatch_comparison(MAXBATCH_MODELS)"], check=False, cwd=REPO,
+                        "maxbatch_comparison; "
+                        f"maxbatch_comparison(MAXBATCH_MODELS, {args.maxbatch_repeats})"], check=False, cwd=REPO,
                        env={**os.environ, "PYTHONPATH": str(REPO)})
 
     if not args.no_speed:
