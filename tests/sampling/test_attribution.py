@@ -116,7 +116,10 @@ def test_profiled_model_on_a_tx2_tree(run, tmp_path):
     assert "error" not in prof, prof
     # top-level host ops cover most of a CPU step (the rest is Python between ops)
     assert prof["ops_coverage_of_step_time"] > 0.8
-    assert prof["unprofiled_step_time_s"]["median"] > 0 and prof["overhead_ratio"] > 0.5
+    # the profiled steps' median over the unprofiled reference steps' (not a bound on it: with two steps on a busy
+    # machine either median can be the slower one, 0.498 once)
+    profiled, unprofiled = s["step_time_s"]["median"], prof["unprofiled_step_time_s"]["median"]
+    assert profiled > 0 and unprofiled > 0 and prof["overhead_ratio"] == pytest.approx(profiled / unprofiled)
     assert abs(prof["clock_drift_us"]) < 1000
     with open(tmp_path / "job" / "ops.csv") as f:
         rows = list(csv.DictReader(f))
