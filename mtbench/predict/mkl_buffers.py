@@ -7,11 +7,12 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import torch
 
 from mtbench.device import mkl_memory
+from mtbench.device.arena import in_own_arena
 
 # one product as MKL sees it: (batch, rows, inner, columns); batch 0 for a matrix product (mm, addmm), else a
-# batched one (bmm, baddbmm). MKL's buffers stop growing with a dimension past a size (this project's VM, MKL 2024.2,
-# AVX-512: rows 1024, inner 384, columns 8192, a batch of 2; docs/prediction.md), so a product is replayed with its
-# dimensions capped there: the same buffers, at most 2 x 1024 x 1024 x 8192 FLOPs
+# batched one (bmm, baddbmm). MKL's buffers stop growing with a dimension past a size (measured: docs/prediction.md),
+# so a product is replayed with its dimensions capped at CAPS, at or above those sizes: the same buffers, at most
+# 2 x 1024 x 1024 x 8192 FLOPs
 Shape = Tuple[int, int, int, int]
 CAPS = (2, 1024, 1024, 8192)
 _OPERANDS = {"aten::mm": (0, 1), "aten::addmm": (1, 2), "aten::bmm": (0, 1), "aten::baddbmm": (1, 2)}
@@ -46,55 +47,53 @@ def kept_bytes(steps: Sequence[Shape], measured: Sequence[Shape], own_thread: bo
         return None, mkl.why or "MKL's statistics cannot be read"
     key = (tuple(steps), tuple(measured) if own_thread else (), own_thread, torch.get_num_threads())
     if key not in _KEPT:
-        _KEPT[key] = _replay(mkl, _once(steps), _once(measured) if own_thread else [])
+        _KEPT[key] = _replay(mkl, list(dict.fromkeys(steps)), list(dict.fromkeys(measured)) if own_thread else [])
     kept = _KEPT[key]
     if kept is None:
         return None, mkl.why or "MKL did not gather its peak"
     return kept, f"{kept / 2**20:.1f} MiB MKL keeps of its products' buffers (replayed on this host's MKL)"
 
 
-def _once(products: Sequence[Shape]) -> List[Shape]:
-    seen: Dict[Shape, None] = {}
-    for p in products:
-        seen.setdefault(p, None)
-    return list(seen)
-
-
-def _run(products: Sequence[Shape]) -> None:
+def _run(products: Sequence[Shape]) -> Dict[str, Any]:
     with torch.no_grad():
         for batch, rows, inner, cols in products:
             if batch:
                 torch.bmm(torch.zeros(batch, rows, inner), torch.zeros(batch, inner, cols))
             else:
                 torch.mm(torch.zeros(rows, inner), torch.zeros(inner, cols))
+    return {}
 
 
 def _replay(mkl: mkl_memory.MklMemory, steps: List[Shape], measured: List[Shape]) -> Optional[int]:
     """MKL's peak over the replay, less what it held before: the steps' products in one thread, then, while it
-    waits, the measured ones in another."""
+    waits, the measured ones in a thread of its own as the job's measured step runs (arena.in_own_arena). A
+    product that raises is raised here once both threads are done."""
     mkl.free_buffers()  # what earlier replays or traces left in the pool would serve this one's products
     before = mkl.held() or 0
     mkl.reset()
     stepped, done = threading.Event(), threading.Event()
+    failed: List[BaseException] = []
 
     def job_thread() -> None:
-        _run(steps)
-        stepped.set()
+        try:
+            _run(steps)
+        except BaseException as exc:  # noqa: B902 - raised again in the calling thread
+            failed.append(exc)
+        finally:
+            stepped.set()
         done.wait()  # alive, as a job's main thread is while its training memory is measured
 
-    def measure_thread() -> None:
-        _run(measured)
-
-    main = threading.Thread(target=job_thread, name="mtbench-mkl-steps")
+    main = threading.Thread(target=job_thread, name="mtbench-mkl-steps", daemon=True)
     main.start()
-    stepped.wait()
-    if measured:
-        other = threading.Thread(target=measure_thread, name="mtbench-mkl-measured")
-        other.start()
-        other.join()
-    peak = mkl.read()["mem_mkl_bytes"]
-    done.set()
-    main.join()
+    try:
+        stepped.wait()
+        if failed:
+            raise failed.pop()
+        if measured:
+            in_own_arena(lambda: _run(measured))
+        peak = mkl.read()["mem_mkl_bytes"]
+    finally:
+        done.set()
+        main.join()
     mkl.free_buffers()
     return None if peak is None else max(0, int(peak) - before)
-

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
 
 import pytest
 import torch
@@ -75,3 +76,24 @@ def test_without_mkls_statistics_nothing_is_counted_and_the_note_says_why(monkey
     monkeypatch.setattr(mkl_buffers.mkl_memory, "_PROCESS", None)
     kept, why = mkl_buffers.kept_bytes([(0, 64, 512, 7709)], [], own_thread=False)
     assert kept is None and "built without MKL" in why
+
+
+@pytest.mark.parametrize("where", ["steps", "measured"])
+def test_a_product_that_raises_is_raised_and_the_replay_ends(where):
+    """A shape torch refuses (its own error, not one written here) in either thread: raised in the caller once both
+    threads are done; before, the steps' thread died without telling the waiting one and the replay hung."""
+    bad, good = [(0, -1, 4, 4)], [(0, 4, 4, 4)]
+    steps, measured = (bad, good) if where == "steps" else (good, bad)
+    outcome = []
+
+    def replay() -> None:
+        try:
+            mkl_buffers._replay(mkl_buffers.mkl_memory.process(), steps, measured)
+        except RuntimeError as exc:
+            outcome.append(str(exc))
+
+    caller = threading.Thread(target=replay, daemon=True)
+    caller.start()
+    caller.join(60)
+    assert not caller.is_alive(), "the replay hung"
+    assert outcome and "must be non-negative" in outcome[0], outcome
