@@ -165,11 +165,12 @@ class Predictor:
         def held(trace: StepTrace) -> StepTrace:
             return trace if every["batch"] else _with_batches(trace, batches)
 
+        def on_fake(ctx: SetupContext) -> StepTrace:
+            return held(trace_step(make, ctx, cuda_optimizers=self.device == "cuda", later_steps=later,
+                                   cache_bytes=self.cache_bytes, fresh_mapping_bytes=self._fresh_mapping_bytes()))
+
         try:
-            trace = trace_step(make, ctx, cuda_optimizers=self.device == "cuda", later_steps=later,
-                               cache_bytes=self.cache_bytes,
-                               fresh_mapping_bytes=self._fresh_mapping_bytes())
-            return held(trace), f"fake tensors on {trace_device.type}{data_note}"
+            return on_fake(ctx), f"fake tensors on {trace_device.type}{data_note}"
         except UsageError as exc:
             if not data_note:
                 raise
@@ -177,9 +178,7 @@ class Predictor:
             from dataclasses import replace
 
             ctx = replace(ctx, data=instantiate(cfg.data, "data"))
-            trace = trace_step(make, ctx, cuda_optimizers=self.device == "cuda", later_steps=later,
-                               cache_bytes=self.cache_bytes, fresh_mapping_bytes=self._fresh_mapping_bytes())
-            return held(trace), f"fake tensors on {trace_device.type}; on synthetic data, not the job's: {exc}"
+            return on_fake(ctx), f"fake tensors on {trace_device.type}; on synthetic data, not the job's: {exc}"
         except Exception as exc:  # a kernel that needs values fake tensors lack: trace real tensors instead
             why = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
         cpu_ctx = SetupContext(device=torch.device("cpu"), batch_size=batch, data=ctx.data, seed=ctx.seed,
