@@ -18,9 +18,11 @@ import numpy as np
 #                last-level cache: RecentReads, cached_outputs)
 #   pool:        pool_bytes * s/byte + pool_window * s/read (a forward's outputs times its window: a 3x3 window
 #                at stride 1 reads 9 inputs per output where its bytes count about 2; see pool_window_reads)
-#   norm, elementwise, reduction, optimizer (the update and zero_grad): <class>_bytes * s/byte (the optimizer's
-#                less its re-reads of what is still in the last-level cache: an update's several ops on one
-#                parameter, its gradient and its state read them again while they fit; a large one streams)
+#   norm, elementwise, reduction, optimizer (the update and zero_grad, and every multi-tensor op over the
+#                parameters or gradients, _foreach_*: a gradient clipping's norm and scale): <class>_bytes * s/byte
+#                (the optimizer's less its re-reads of what is still in the last-level cache: an update's several
+#                ops on one parameter, its gradient and its state read them again while they fit; a large one
+#                streams)
 #   launch_ops:  s per op launched (dispatch, kernel launch), every class
 #   host_ops:    s per op of host time between ops (Python, autograd engine), the "[no op]" row of ops.csv
 #   step_overhead: s per step
@@ -59,6 +61,8 @@ _OP_NAME = re.compile(r"^(\w+::\w+(\.\w+)?|\w+Backward\d+)$")  # aten::conv2d, C
 def aten_class(name: str) -> str:
     """The class of a traced aten op, from its name without namespace and overload ("convolution_backward")."""
     base = name.split("::")[-1].split(".")[0].lstrip("_")
+    if base.startswith("foreach_"):  # streams over many parameters' tensors as an update does (see CLASSES)
+        return "optimizer"
     core = base[:-len("_backward")] if base.endswith("_backward") else base
     core = core.rstrip("_")
     if any(core.startswith(c.lstrip("_")) for c in _CONV) or "convolution" in core:
@@ -83,9 +87,9 @@ def measured_class(name: str, device: str = "cpu") -> str:
     launch the trace did not tie to an op (its own name); HOST for the "[no op]" row."""
     if name == "[no op]":
         return HOST
-    if name.startswith("Optimizer."):
-        return "optimizer"
     low = name.lower()
+    if name.startswith("Optimizer.") or low.split("::")[-1].startswith("_foreach_"):
+        return "optimizer"
     if device == "cuda" and not _OP_NAME.match(name):  # kernel names
         if "multi_tensor_apply" in low or "foreach" in low:
             return "optimizer"

@@ -277,7 +277,7 @@ def trace_step(make_workload: Callable[[], Workload], ctx: SetupContext, fake: b
         counter.fresh_mapping_bytes = fresh_mapping_bytes
     foreach = torch_internals.foreach_optimizers() if cuda_optimizers else contextlib.nullcontext()
     quiet = warnings.catch_warnings()  # torch's deepcopy of a fake module warns of data pointers: not the user's
-    packed = torch_internals.packed_on_fake(fake_mode)  # pad_packed_sequence on fake data
+    packed = torch_internals.as_on_real(fake_mode)  # pad_packed_sequence, clipping's foreach ops as on real data
     with fake_mode or contextlib.nullcontext(), torch_internals.swappable(fake_mode, counter), foreach, quiet, packed:
         warnings.filterwarnings("ignore", message="Accessing the data pointer of FakeTensor")
         with counter:

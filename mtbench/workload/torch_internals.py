@@ -7,6 +7,8 @@ torch.utils.swap_tensors (2.3+) and torch.optim.*._default_to_fused_or_foreach o
 - `fake_mode`: FakeTensorMode whose converter skips the weak-value memo (so `Module.to` can swap tensors).
 - `swappable`: torch.utils.swap_tensors, wrapped to drop fake-tensor bookkeeping first.
 - `foreach_optimizers`: torch.optim's implementation choice as on a CUDA GPU.
+- `foreach_on_fake`: torch's multi-tensor (foreach) choice for fake tensors as for real ones (gradient clipping's).
+- `as_on_real`: `packed_on_fake` and `foreach_on_fake` together: what the trace runs to take a real step's path.
 - `packed_on_fake`: `torch._VF._pad_packed_sequence` done in Python for fake data (the kernel makes its lengths
   with the fake mode on and writes them through a data pointer).
 - `new_recording_tracker`: the trace's MemTracker subclass (keeps the order of allocations and frees), and
@@ -93,6 +95,33 @@ def pad_packed_sequence_ops(data: Any, batch_sizes: Any, batch_first: bool, padd
             lengths[j] = i
         previous = size
     return (output.transpose(0, 1) if batch_first else output), torch.tensor(lengths, dtype=torch.int64)
+
+
+@contextlib.contextmanager
+def foreach_on_fake(fake_mode: Any) -> Iterator[None]:
+    """Under `fake_mode`, torch.utils._foreach_utils._has_foreach_support accepts fake tensors as it accepts real
+    ones (its list of types holds torch.Tensor alone): a real step's gradient clipping (clip_grad_norm_ since torch
+    2.1) runs torch._foreach_norm and _foreach_mul_ over the gradients, and a fake one ran one norm and one scale
+    per gradient in their place. The optimizers' own choice on a CPU is unchanged: it also asks for a device with
+    foreach kernels."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    types = getattr(torch.utils._foreach_utils, "_foreach_supported_types", None)
+    if fake_mode is None or not isinstance(types, list) or FakeTensor in types:
+        yield
+        return
+    types.append(FakeTensor)
+    try:
+        yield
+    finally:
+        types.remove(FakeTensor)
+
+
+@contextlib.contextmanager
+def as_on_real(fake_mode: Any) -> Iterator[None]:
+    """packed_on_fake and foreach_on_fake: the ops a step on real tensors runs, run on fake ones."""
+    with packed_on_fake(fake_mode), foreach_on_fake(fake_mode):
+        yield
 
 
 @contextlib.contextmanager

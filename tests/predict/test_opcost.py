@@ -1,6 +1,7 @@
 """The per-op-class time model: op classes, NNLS, the fit recovering a known cost from synthetic ops, calibrate."""
 from __future__ import annotations
 
+import inspect
 import json
 from pathlib import Path
 from types import SimpleNamespace
@@ -97,7 +98,8 @@ def test_profiled_class_times_are_scaled_to_the_unprofiled_step():
     ("aten::hardtanh_", "elementwise"), ("torch::autograd::AccumulateGrad", "elementwise"),
     ("Optimizer.step#SGD.step", "optimizer"), ("[no op]", opcost.HOST), ("aten::lstm", "matmul"),
     ("MkldnnRnnLayerBackward0", "matmul"), ("aten::gru", "matmul"), ("EmbeddingBackward0", "elementwise"),
-    ("aten::embedding", "elementwise"), ("aten::normal_", "elementwise")])
+    ("aten::embedding", "elementwise"), ("aten::normal_", "elementwise"), ("aten::_foreach_norm", "optimizer"),
+    ("aten::_foreach_mul_", "optimizer")])
 def test_ops_csv_names_fall_in_the_classes_of_their_traced_ops(name, cls):
     assert opcost.measured_class(name) == cls
 
@@ -173,7 +175,8 @@ def test_a_pooling_forward_reads_its_window_per_output_and_its_backward_none(poo
     ("EmbeddingBackward0", "aten::embedding_dense_backward"), ("aten::embedding", "aten::embedding"),
     ("aten::normal_", "aten::normal_"), ("aten::max_pool2d", "aten::max_pool2d_with_indices"),
     ("MaxPool2DWithIndicesBackward0", "aten::max_pool2d_with_indices_backward"),
-    ("aten::adaptive_avg_pool2d", "aten::_adaptive_avg_pool2d"), ("LogSoftmaxBackward0", "aten::_log_softmax_backward_data")])
+    ("aten::adaptive_avg_pool2d", "aten::_adaptive_avg_pool2d"), ("LogSoftmaxBackward0", "aten::_log_softmax_backward_data"),
+    ("aten::_foreach_norm", "aten::_foreach_norm.Scalar"), ("aten::_foreach_mul_", "aten::_foreach_mul_.Tensor")])
 def test_a_measured_op_and_the_kernel_the_trace_sees_for_it_share_a_class(measured, traced):
     """The fit compares a class's measured time with its traced figures: an LSTM timed as element-wise but traced as
     a matrix product (or the reverse) would make both classes' rates wrong."""
@@ -195,6 +198,16 @@ class LSTMStep(Workload):
 
     def modules(self) -> List[torch.nn.Module]:
         return [self.net]
+
+
+class ClippedLSTMStep(LSTMStep):
+    """LSTMStep with its gradients clipped, as seq2seq and char_rnn clip theirs."""
+
+    def step(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+        self.net(self.x)[0].sum().backward()
+        torch.nn.utils.clip_grad_norm_(self.net.parameters(), 5.0)
+        self.optimizer.step()
 
 
 def test_a_traced_lstm_counts_the_flops_torch_counts_for_its_matrix_products():
@@ -254,14 +267,20 @@ def test_a_cudnn_rnn_stack_counts_the_flops_torch_counts_for_its_matrix_products
     assert rnn_workspace.layer_flops(torch.ops.aten._cudnn_rnn_flatten_weight.default, args) == 0
 
 
-@pytest.mark.parametrize("workload", ["lstm", "conv"])
+@pytest.mark.parametrize("workload", ["lstm", "conv", "clipped"])
 def test_a_fake_trace_counts_the_ops_and_bytes_a_real_step_runs(workload):
     """On fake tensors the autograd engine's and kernels' reads of a tensor's device dispatch prim::device (4 of
-    every 5 ops of a BERT step); on real tensors nothing runs for them: both traces count the same ops and bytes."""
-    make = {"lstm": LSTMStep, "conv": lambda: depthwise_conv(1)}[workload]
+    every 5 ops of a BERT step); on real tensors nothing runs for them: both traces count the same ops and bytes.
+    Gradient clipping takes the same path on both (torch >= 2.1: one _foreach_norm over the gradients, where fake
+    tensors took one norm per gradient), in the class the update's ops are in."""
+    make = {"lstm": LSTMStep, "conv": lambda: depthwise_conv(1), "clipped": ClippedLSTMStep}[workload]
     ctx = SetupContext(device=torch.device("cpu"), batch_size=3, data=Synthetic(), seed=0, batches=1)
     fake, real = trace_step(make, ctx), trace_step(make, ctx, fake=False)
     assert (fake.ops, fake.bytes_moved) == (real.ops, real.bytes_moved)
+    assert {c: v["ops"] for c, v in fake.op_classes.items()} == {c: v["ops"] for c, v in real.op_classes.items()}
+    if workload == "clipped" and "foreach" in inspect.signature(torch.nn.utils.clip_grad_norm_).parameters:
+        plain = trace_step(LSTMStep, ctx)  # the clipping's _foreach_norm and _foreach_mul_ go with the update
+        assert fake.op_classes["optimizer"]["ops"] == plain.op_classes["optimizer"]["ops"] + 2
 
 
 class _FakePredictor:
