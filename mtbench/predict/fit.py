@@ -88,7 +88,7 @@ def calibrate(folder: Path, target: Optional[str] = None, out: Optional[str] = N
     for s in runs:
         model, batch = str(s["model"]), int(s["batch_size"])
         try:
-            p = predictor.predict(model, batch)
+            p = predictor.predict(model, batch, timed=False)
         except Exception as exc:  # a model the predictor cannot trace: calibrate on the others
             report.append(f"skipped {model} b{batch}: {type(exc).__name__}: {str(exc).splitlines()[0][:120]}")
             continue
@@ -96,11 +96,11 @@ def calibrate(folder: Path, target: Optional[str] = None, out: Optional[str] = N
                                            t.dram_bandwidth_bytes_per_s if scaled else None))
         y.append(float(s["step_time_s"][time_stat]))
         trace = predictor.trace(model, batch)[0]  # the one predict traced (cached)
-        classes = trace.op_classes
+        classes = predictor.trace(model, batch, time_stat)[0].op_classes  # a padded job's: that statistic's batch
         measured = measured_training_bytes(s)
         if measured is not None:  # less what the prediction adds beside the fit: the workload's arrays
             residuals.append(measured - p.tensors_bytes - predictor.held_outside(trace)[0])
-            conv_w = classes.get("conv", {}).get("weight_bytes", 0.0)
+            conv_w = trace.op_classes.get("conv", {}).get("weight_bytes", 0.0)
             mem_x.append(calibration.runtime_features(p.ops, transient_bytes(p.breakdown_bytes), conv_w))
             mem_total.append(measured)
         used.append(f"{model} b{batch}")

@@ -14,6 +14,7 @@ from mtbench.predict.maxsearch import largest_batch
 from mtbench.predict.non_tensor import (DEFAULT_NON_TENSOR_BYTES_CPU, DEFAULT_NON_TENSOR_BYTES_CPU_LIVE,
                                          DEFAULT_NON_TENSOR_NOTE_CPU, DEFAULT_NON_TENSOR_NOTE_CPU_LIVE,
                                          cuda_non_tensor_bytes)
+from mtbench.predict.batches import trace_takes, with_batches
 from mtbench.predict.trace import StepTrace, breakdown, trace_step, transient_bytes
 
 
@@ -59,7 +60,8 @@ class Predictor:
     calibration_path: Optional[str] = None  # a calibration file instead of the stored one for this target and device
     stored_calibration: bool = True  # False: no calibration, and the trace models this host's cache (calibrate's use)
     job_config: Any = None  # a job's composed config: predict that job at other batches (the planner's use)
-    _traces: Dict[Tuple[str, int], Tuple[StepTrace, str]] = field(default_factory=dict)
+    _traces: Dict[Tuple[Any, ...], Tuple[StepTrace, str]] = field(default_factory=dict)
+    _padded: set = field(default_factory=set)  # (model, batch) whose job pads each batch to its own length
     _job_data: Dict[str, Any] = field(default_factory=dict)  # each model's own data node (the batch changes nothing)
 
     def __post_init__(self) -> None:
@@ -130,14 +132,20 @@ class Predictor:
             except HydraException as exc:
                 raise UsageError(str(exc).splitlines()[0]) from None
 
-    def trace(self, model: str, batch: int) -> Tuple[StepTrace, str]:
-        """The step's trace and how it was made, cached."""
+    def trace(self, model: str, batch: int, stat: str = "max") -> Tuple[StepTrace, str]:
+        """The step's trace and how it was made, cached: on the largest batch the job's measured steps take (its
+        memory), or with `stat` "median" or "min" on the batch of that size (a step time's statistic) where the job
+        pads each batch to its own length; any other job's steps are alike: its one trace."""
         key = (model, batch)
         if key not in self._traces:
             self._traces[key] = self._trace(model, batch)
+        if stat != "max" and key in self._padded:
+            key = (model, batch, stat)
+            if key not in self._traces:
+                self._traces[key] = self._trace(model, batch, stat)
         return self._traces[key]
 
-    def _trace(self, model: str, batch: int) -> Tuple[StepTrace, str]:
+    def _trace(self, model: str, batch: int, stat: str = "max") -> Tuple[StepTrace, str]:
         from mtbench.config import instantiate
         from mtbench.workload.base import MAX_PREPARED_BATCHES, SetupContext
 
@@ -159,11 +167,12 @@ class Predictor:
             workload = instantiate(cfg.model.workload, "model.workload")
             if getattr(workload, "PADDED_PER_BATCH", False) and batches > 1:
                 every["batch"] = True
-                _trace_the_largest(workload, batches, range(int(cfg.warmup), later))
+                self._padded.add((model, batch))
+                trace_takes(workload, batches, range(int(cfg.warmup), later), stat)
             return workload
 
         def held(trace: StepTrace) -> StepTrace:
-            return trace if every["batch"] else _with_batches(trace, batches)
+            return trace if every["batch"] else with_batches(trace, batches)
 
         def on_fake(ctx: SetupContext) -> StepTrace:
             return held(trace_step(make, ctx, cuda_optimizers=self.device == "cuda", later_steps=later,
@@ -212,7 +221,9 @@ class Predictor:
             return MMAP_THRESHOLD_BYTES
         return None if self.cpu_malloc == "cached" else CACHED_MMAP_BYTES
 
-    def predict(self, model: str, batch: int) -> Prediction:
+    def predict(self, model: str, batch: int, timed: bool = True) -> Prediction:
+        """The job's prediction; timed=False: its step time from the memory's trace (one trace; a padded job's
+        time is the time statistic's batch's, see `trace`), for a search that only reads the peak."""
         trace, traced = self.trace(model, batch)
         if self.device == "cuda":
             peaks = allocator.replay(trace.events)
@@ -227,7 +238,11 @@ class Predictor:
         runtime, non_tensor_note = runtime + held, non_tensor_note + held_note
         peak = (reserved if reserved is not None else tensors) + runtime
         budget = self.target.memory_budget_bytes
-        step_s, roofline_s, time_note = self._host_time(trace, *self._time(trace))
+        stat = str(getattr(self.calibration, "time_stat", None) or "median")
+        timed_on = self.trace(model, batch, stat)[0] if timed else trace
+        step_s, roofline_s, time_note = self._host_time(timed_on, *self._time(timed_on))
+        if timed_on is not trace:
+            time_note += f"; its batches padded each to its own length: timed on the batch of {stat} size"
         return Prediction(
             model=model, batch_size=batch, target=self.target.name, device=self.device, traced=traced,
             tensors_bytes=int(tensors), breakdown_bytes={k: int(v) for k, v in parts.items()},
@@ -323,7 +338,7 @@ class Predictor:
         parameters, gradients, optimizer state and runtime, plus a part per sample); None where the anchor has no
         prediction (its trace failed: the search raises that)."""
         try:
-            p = self.predict(model, anchor)
+            p = self.predict(model, anchor, timed=False)
         except Exception:  # noqa: BLE001 - the search traces it again and raises what stopped it
             return None
         parts = getattr(p, "breakdown_bytes", None) or {}
@@ -337,44 +352,11 @@ class Predictor:
     def peak_or_error(self, model: str, batch: int) -> Union[int, Exception]:
         """The predicted peak, or the exception that stopped the trace (a UsageError is raised)."""
         try:
-            return int(self.predict(model, batch).peak_bytes)
+            return int(self.predict(model, batch, timed=False).peak_bytes)
         except UsageError:
             raise
         except Exception as exc:  # noqa: BLE001 - a batch the workload refuses, or a model that cannot be traced
             return exc
-
-
-def _trace_the_largest(workload: Any, batches: int, measured: range) -> None:
-    """Make `workload.setup` prepare the job's `batches` batches and put the largest one its measured steps use
-    (step i takes batch i % batches) second, where the trace's measured step (its second) takes it."""
-    from dataclasses import replace
-
-    from mtbench.workload.base import largest_batch
-
-    setup = workload.setup
-
-    def prepared(ctx: Any) -> None:
-        setup(replace(ctx, batches=batches))
-        held = workload.batches
-        if len(held) < 2:
-            return
-        largest = largest_batch(held, measured)
-        held[1], held[largest] = held[largest], held[1]
-
-    workload.setup = prepared
-
-
-def _with_batches(trace: StepTrace, batches: int) -> StepTrace:
-    """The trace of a workload that holds `batches` prepared input batches, from one traced with a single one."""
-    extra = (batches - 1) * trace.inputs_bytes
-    if extra <= 0:
-        return trace
-    trace.inputs_bytes += extra
-    trace.breakdown_bytes["inputs"] += extra
-    trace.peak_tensor_bytes += extra
-    # held before the step, all the time: allocated first
-    trace.events = [(-1 - i, trace.inputs_bytes // batches, "Other") for i in range(batches - 1)] + trace.events
-    return trace
 
 
 def failed(model: str, batch: int, target: str, device: str, exc: BaseException) -> Prediction:

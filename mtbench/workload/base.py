@@ -23,10 +23,15 @@ MAX_PREPARED_BATCHES = 8  # distinct input batches a job makes before timing; it
 StepLoss = Union[torch.Tensor, Dict[str, torch.Tensor], None]
 
 
-def largest_batch(batches: List[Any], steps: range) -> int:
-    """The index of the largest (by tensor bytes) of `batches` that steps `steps` take, step i taking i % len."""
+def largest_batch(batches: List[Any], steps: range, stat: str = "max") -> int:
+    """The index of the largest (by tensor bytes) of `batches` that steps `steps` take, step i taking i % len; with
+    `stat` "median" or "min", the batch of that size among the steps' batches (each as often as a step takes it; the
+    lower middle of an even count): a padded job's median or fastest step is about that batch's step."""
     size = [sum(t.numel() * t.element_size() for t in b if isinstance(t, torch.Tensor)) for b in batches]
-    return max(sorted({i % len(batches) for i in steps}), key=lambda i: size[i])
+    if stat == "max":
+        return max(sorted({i % len(batches) for i in steps}), key=lambda i: size[i])
+    taken = sorted((i % len(batches) for i in steps), key=lambda i: (size[i], i))
+    return taken[0] if stat == "min" else taken[(len(taken) - 1) // 2]
 
 
 @dataclass

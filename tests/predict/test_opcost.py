@@ -292,13 +292,13 @@ class _FakePredictor:
         self.target = SimpleNamespace(peak_fp32_flops=None, dram_bandwidth_bytes_per_s=None)
         self.calibration = None
 
-    def trace(self, model: str, batch: int):
+    def trace(self, model: str, batch: int, stat: str = "max"):
         return SimpleNamespace(op_classes=self.classes[(model, batch)], host_bytes=0), "fake"
 
     def held_outside(self, trace):
         return trace.host_bytes, ""
 
-    def predict(self, model: str, batch: int):
+    def predict(self, model: str, batch: int, timed: bool = True):
         c = self.classes[(model, batch)]
         tensors = self.tensors.get((model, batch), 1 << 20)
         return SimpleNamespace(flops=sum(v["flops"] for v in c.values()), bytes_moved=sum(v["bytes"] for v in c.values()),

@@ -9,7 +9,8 @@ import torch
 # the predictor needs torch >= 2.5 (MemTracker; mtbench.predict.MIN_TORCH): on an older torch the module skips
 pytest.importorskip("torch.distributed._tools.mem_tracker", reason="the predictor needs torch >= 2.5 (MemTracker)")
 
-from mtbench.predict.predictor import Predictor, _trace_the_largest  # noqa: E402
+from mtbench.predict.batches import trace_takes  # noqa: E402
+from mtbench.predict.predictor import Predictor  # noqa: E402
 
 
 @dataclass
@@ -37,7 +38,7 @@ class _Padded:
 ])
 def test_the_largest_measured_batch_goes_second(lengths, measured, second):
     w = _Padded(lengths)
-    _trace_the_largest(w, len(lengths), measured)
+    trace_takes(w, len(lengths), measured)
     w.setup(_Ctx(batches=1))  # the trace's own context asks for one: the job's count is prepared
     assert len(w.batches) == len(lengths)
     assert w.batches[1][0].numel() == second
@@ -98,3 +99,33 @@ def test_the_memory_steps_train_on_the_batch_the_trace_takes(lengths, measured, 
     w.i = 7
     Workload.step_next_on_largest(w, measured)
     assert w.i == 7
+
+
+@pytest.mark.parametrize("lengths, measured, stat, second", [
+    ([50, 10, 30, 20], range(1, 4), "median", 20),  # 10, 30, 20 taken: the middle
+    ([50, 10, 30, 20], range(1, 4), "min", 10),
+    ([5, 10, 30, 20], range(1, 9), "median", 10),  # each taken twice: 5 5 10 10 20 20 30 30, the lower middle
+    ([5, 10, 30, 20], range(1, 9), "min", 5),
+    ([5, 40, 30, 20], range(1, 2), "median", 40),  # one measured step: its batch whatever the statistic
+])
+def test_a_step_times_statistic_is_traced_on_the_batch_of_that_size(lengths, measured, stat, second):
+    w = _Padded(lengths)
+    trace_takes(w, len(lengths), measured, stat)
+    w.setup(_Ctx(batches=1))
+    assert w.batches[1][0].numel() == second
+    assert sorted(b[0].numel() for b in w.batches) == sorted(lengths)
+
+
+@pytest.mark.slow
+def test_a_padded_job_is_timed_on_its_median_batch_and_sized_on_its_largest():
+    """seq2seq at a tiny size, batches of several lengths: the step time's trace takes the median batch of the
+    measured steps (fewer FLOPs than the largest, which memory's trace takes); a search for the peak alone traces
+    once; a job whose batches are all alike is traced once for both."""
+    p = Predictor(target_name="none", device="cpu", overrides=("warmup=1", "steps=5", "model.workload.hidden=16"))
+    p.predict("seq2seq", 6, timed=False)
+    assert len(p._traces) == 1
+    largest, median = p.trace("seq2seq", 6)[0], p.trace("seq2seq", 6, "median")[0]
+    assert median.flops < largest.flops and median.inputs_bytes == largest.inputs_bytes  # the same batches held
+    assert "timed on the batch of median size" in p.predict("seq2seq", 6).time_note
+    q = Predictor(target_name="none", device="cpu", overrides=("warmup=1", "steps=5"))
+    assert q.trace("dqn", 2, "median") is q.trace("dqn", 2)
