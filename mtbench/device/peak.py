@@ -126,8 +126,10 @@ def hold_malloc_cached() -> Dict[str, Any]:
     With glibc's defaults a step's tensors that it served from fresh mappings, or from a heap top it trimmed, are
     faulted in page by page each time they are made again; which ones depends on the order of the step's frees, so
     plans of one model pay very differently: measured (MobileNetV2 32x32, batch 56, CPU) recomputation took 0.96 s
-    a step with 320,000 page faults, 0.60 s and none with this setting (plain training 0.43 s either way). The
-    resident peak then counts memory glibc keeps: do not hold such a job to a budget (the peak check overstates)."""
+    a step with 320,000 page faults, 0.60 s and none with this setting (plain training 0.43 s either way). A block
+    above the threshold's ceiling is still mapped fresh and faulted in each time it is made (AlexNet's 151 MB
+    gradient of its first linear layer: docs/benchmarks.md). The resident peak then counts memory glibc keeps: do
+    not hold such a job to a budget (the peak check overstates)."""
     held = _hold("cached", {M_MMAP_THRESHOLD: CACHED_MMAP_BYTES, M_TRIM_THRESHOLD: CACHED_TRIM_BYTES},
                  CACHED_MMAP_BYTES, "glibc keeps freed memory for reuse (mmap threshold 32 MiB, no trimming): no page "
                  "faults for tensors made again, and a resident peak above what the job holds")
