@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Optional, Sequence, Set, Tuple, Union
 
 import numpy as np
 import torch
@@ -61,7 +61,7 @@ class Predictor:
     stored_calibration: bool = True  # False: no calibration, and the trace models this host's cache (calibrate's use)
     job_config: Any = None  # a job's composed config: predict that job at other batches (the planner's use)
     _traces: Dict[Tuple[Any, ...], Tuple[StepTrace, str]] = field(default_factory=dict)
-    _padded: set = field(default_factory=set)  # (model, batch) whose job pads each batch to its own length
+    _padded: Set[Tuple[str, int]] = field(default_factory=set)  # jobs that pad each batch to its own length
     _job_data: Dict[str, Any] = field(default_factory=dict)  # each model's own data node (the batch changes nothing)
 
     def __post_init__(self) -> None:

@@ -27,6 +27,8 @@ def largest_batch(batches: List[Any], steps: range, stat: str = "max") -> int:
     """The index of the largest (by tensor bytes) of `batches` that steps `steps` take, step i taking i % len; with
     `stat` "median" or "min", the batch of that size among the steps' batches (each as often as a step takes it; the
     lower middle of an even count): a padded job's median or fastest step is about that batch's step."""
+    if stat not in ("max", "median", "min"):
+        raise ValueError(f"stat={stat!r}: allowed max, median, min")
     size = [sum(t.numel() * t.element_size() for t in b if isinstance(t, torch.Tensor)) for b in batches]
     if stat == "max":
         return max(sorted({i % len(batches) for i in steps}), key=lambda i: size[i])

@@ -104,9 +104,14 @@ def foreach_on_fake(fake_mode: Any) -> Iterator[None]:
     2.1) runs torch._foreach_norm and _foreach_mul_ over the gradients, and a fake one ran one norm and one scale
     per gradient in their place. The optimizers' own choice on a CPU is unchanged: it also asks for a device with
     foreach kernels."""
+    import importlib
+
     from torch._subclasses.fake_tensor import FakeTensor
 
-    types = getattr(torch.utils._foreach_utils, "_foreach_supported_types", None)
+    try:
+        types = getattr(importlib.import_module("torch.utils._foreach_utils"), "_foreach_supported_types", None)
+    except ImportError:  # a torch without the module: its clipping has no foreach path either
+        types = None
     if fake_mode is None or not isinstance(types, list) or FakeTensor in types:
         yield
         return

@@ -116,6 +116,13 @@ def test_a_step_times_statistic_is_traced_on_the_batch_of_that_size(lengths, mea
     assert sorted(b[0].numel() for b in w.batches) == sorted(lengths)
 
 
+def test_a_statistic_it_does_not_know_is_refused():
+    from mtbench.workload.base import largest_batch
+
+    with pytest.raises(ValueError, match="stat='mean': allowed max, median, min"):
+        largest_batch([(torch.zeros(3),), (torch.zeros(5),)], range(0, 2), "mean")
+
+
 @pytest.mark.slow
 def test_a_padded_job_is_timed_on_its_median_batch_and_sized_on_its_largest():
     """seq2seq at a tiny size, batches of several lengths: the step time's trace takes the median batch of the
