@@ -222,8 +222,8 @@ class Predictor:
         return None if self.cpu_malloc == "cached" else CACHED_MMAP_BYTES
 
     def predict(self, model: str, batch: int, timed: bool = True) -> Prediction:
-        """The job's prediction; timed=False: its step time from the memory's trace (one trace; a padded job's
-        time is the time statistic's batch's, see `trace`), for a search that only reads the peak."""
+        """The job's prediction. A padded job's step time comes from the trace of its time statistic's batch (see
+        `trace`); timed=False makes one trace, the memory's, and times that (a search that reads only the peak)."""
         trace, traced = self.trace(model, batch)
         if self.device == "cuda":
             peaks = allocator.replay(trace.events)
