@@ -89,14 +89,17 @@ def calibrate(folder: Path, target: Optional[str] = None, out: Optional[str] = N
         model, batch = str(s["model"]), int(s["batch_size"])
         try:
             p = predictor.predict(model, batch, timed=False)
+            timed = predictor.trace(model, batch, time_stat)[0]  # a padded job's: that statistic's batch
         except Exception as exc:  # a model the predictor cannot trace: calibrate on the others
             report.append(f"skipped {model} b{batch}: {type(exc).__name__}: {str(exc).splitlines()[0][:120]}")
             continue
-        x.append(calibration.time_features(p.flops, p.bytes_moved, p.ops, t.peak_fp32_flops if scaled else None,
+        # the step time's features from the trace a prediction times (Predictor.predict), the memory's from p's
+        x.append(calibration.time_features(timed.flops, timed.bytes_moved, timed.ops,
+                                           t.peak_fp32_flops if scaled else None,
                                            t.dram_bandwidth_bytes_per_s if scaled else None))
         y.append(float(s["step_time_s"][time_stat]))
         trace = predictor.trace(model, batch)[0]  # the one predict traced (cached)
-        classes = predictor.trace(model, batch, time_stat)[0].op_classes  # a padded job's: that statistic's batch
+        classes = timed.op_classes
         measured = measured_training_bytes(s)
         if measured is not None:  # less what the prediction adds beside the fit: the workload's arrays
             residuals.append(measured - p.tensors_bytes - predictor.held_outside(trace)[0])

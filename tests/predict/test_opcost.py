@@ -293,16 +293,18 @@ class _FakePredictor:
         self.calibration = None
 
     def trace(self, model: str, batch: int, stat: str = "max"):
-        return SimpleNamespace(op_classes=self.classes[(model, batch)], host_bytes=0), "fake"
+        c = self.classes[(model, batch)]
+        return SimpleNamespace(op_classes=c, host_bytes=0, flops=sum(v["flops"] for v in c.values()),
+                               bytes_moved=sum(v["bytes"] for v in c.values()),
+                               ops=int(sum(v["ops"] for v in c.values()))), "fake"
 
     def held_outside(self, trace):
         return trace.host_bytes, ""
 
     def predict(self, model: str, batch: int, timed: bool = True):
-        c = self.classes[(model, batch)]
+        trace, _ = self.trace(model, batch)
         tensors = self.tensors.get((model, batch), 1 << 20)
-        return SimpleNamespace(flops=sum(v["flops"] for v in c.values()), bytes_moved=sum(v["bytes"] for v in c.values()),
-                               ops=int(sum(v["ops"] for v in c.values())), tensors_bytes=tensors,
+        return SimpleNamespace(flops=trace.flops, bytes_moved=trace.bytes_moved, ops=trace.ops, tensors_bytes=tensors,
                                breakdown_bytes={"parameters": tensors // 4, "activations": tensors * 3 // 4})
 
 
