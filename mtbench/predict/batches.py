@@ -5,13 +5,13 @@ from dataclasses import replace
 from typing import Any
 
 from mtbench.predict.trace import StepTrace
-from mtbench.workload.base import largest_batch
+from mtbench.workload.base import batch_of_size
 
 
 def trace_takes(workload: Any, batches: int, measured: range, stat: str = "max") -> None:
     """Make `workload.setup` prepare the job's `batches` batches and put second, where the trace's measured step (its
     second) takes it, the largest one its measured steps use (step i takes batch i % batches), or with `stat`
-    "median" or "min" the one of that size (workload.base.largest_batch)."""
+    "median" or "min" the one of that size (workload.base.batch_of_size)."""
     setup = workload.setup
 
     def prepared(ctx: Any) -> None:
@@ -19,7 +19,7 @@ def trace_takes(workload: Any, batches: int, measured: range, stat: str = "max")
         held = workload.batches
         if len(held) < 2:
             return
-        chosen = largest_batch(held, measured, stat)
+        chosen = batch_of_size(held, measured, stat)
         held[1], held[chosen] = held[chosen], held[1]
 
     workload.setup = prepared

@@ -23,7 +23,7 @@ MAX_PREPARED_BATCHES = 8  # distinct input batches a job makes before timing; it
 StepLoss = Union[torch.Tensor, Dict[str, torch.Tensor], None]
 
 
-def largest_batch(batches: List[Any], steps: range, stat: str = "max") -> int:
+def batch_of_size(batches: List[Any], steps: range, stat: str = "max") -> int:
     """The index of the largest (by tensor bytes) of `batches` that steps `steps` take, step i taking i % len; with
     `stat` "median" or "min", the batch of that size among the steps' batches (each as often as a step takes it; the
     lower middle of an even count): a padded job's median or fastest step is about that batch's step."""
@@ -159,7 +159,7 @@ class Workload(abc.ABC):
         memory see the job's peak, which the predictor traces; nothing for any other workload."""
         held = getattr(self, "batches", None)
         if self.PADDED_PER_BATCH and isinstance(held, list) and len(held) > 1:
-            self.i = largest_batch(held, measured) - 1
+            self.i = batch_of_size(held, measured) - 1
 
     def host_bytes(self, later_steps: int) -> int:
         """Memory the workload holds outside torch tensors (NumPy arrays: a replay buffer's touched pages) once

@@ -117,10 +117,10 @@ def test_a_step_times_statistic_is_traced_on_the_batch_of_that_size(lengths, mea
 
 
 def test_a_statistic_it_does_not_know_is_refused():
-    from mtbench.workload.base import largest_batch
+    from mtbench.workload.base import batch_of_size
 
     with pytest.raises(ValueError, match="stat='mean': allowed max, median, min"):
-        largest_batch([(torch.zeros(3),), (torch.zeros(5),)], range(0, 2), "mean")
+        batch_of_size([(torch.zeros(3),), (torch.zeros(5),)], range(0, 2), "mean")
 
 
 @pytest.mark.slow
