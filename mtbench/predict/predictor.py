@@ -87,7 +87,7 @@ class Predictor:
         self.cache_bytes, self.cache_note = self._cache()
 
     def _cache(self) -> Tuple[int, str]:
-        """The last-level cache the trace models (opcost.RecentReads): a calibration's own (it was fitted with it;
+        """The last-level cache the trace models (cache_model.RecentReads): a calibration's own (it was fitted with it;
         one made before it has none: 0), else this host's where the job would train here, else none."""
         from mtbench.device.caches import cpu_last_level_cache_bytes, gpu_l2_cache_bytes
 

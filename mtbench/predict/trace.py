@@ -10,7 +10,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
-from mtbench.predict import conv_scratch, mkl_buffers, opcost, rnn_workspace
+from mtbench.predict import cache_model, conv_scratch, mkl_buffers, opcost, rnn_workspace
 from mtbench.workload.breakdown import PARTS as BREAKDOWN_KEYS  # the measured breakdown's keys: ours too
 from mtbench.workload import torch_internals
 from mtbench.workload.base import SetupContext, Workload
@@ -87,7 +87,7 @@ class _StepCounter(torch.utils._python_dispatch.TorchDispatchMode):
         self.in_optimizer = False  # set by the optimizers' step hooks: the update is a class of its own
         self.fresh_mapping_bytes: Optional[int] = None  # a CPU's malloc maps allocations this large fresh (None: GPU)
         self._class_of: Dict[Any, str] = {}
-        self.recent = opcost.RecentReads(0)  # what the last ops touched: a matrix product's re-read is from cache
+        self.recent = cache_model.RecentReads(0)  # what the last ops touched: a matrix product's re-read is from cache
         self.values = WeakIdKeyDictionary()  # fake tensor -> real CPU tensor with its values
 
     def value_of(self, t: Any) -> Any:
@@ -263,7 +263,7 @@ def trace_step(make_workload: Callable[[], Workload], ctx: SetupContext, fake: b
     device is traced (its temporaries, e.g. a weight-decayed copy of every gradient, are part of the peak).
     fresh_mapping_bytes: on a CPU, the size from which malloc maps an allocation fresh (rnn_workspace; None: never).
     cache_bytes: the last-level cache of the device; a matrix product's input that is among the last `cache_bytes`
-    the step touched does not count in its class's bytes (opcost.RecentReads; 0: every byte counts).
+    the step touched does not count in its class's bytes (cache_model.RecentReads; 0: every byte counts).
     """
     from torch.utils.flop_counter import FlopCounterMode
 
@@ -288,7 +288,7 @@ def trace_step(make_workload: Callable[[], Workload], ctx: SetupContext, fake: b
         inputs_bytes, state_bytes = _track_state(tracker, workload)
         counter.ops = counter.bytes_moved = counter.forward_flops = counter.flops_fix = 0
         measured_from = len(counter.products)
-        counter.classes, counter.recent = opcost.empty_classes(), opcost.RecentReads(cache_bytes)
+        counter.classes, counter.recent = opcost.empty_classes(), cache_model.RecentReads(cache_bytes)
         with tracker, flops, counter, opcost.optimizer_marked(counter):
             workload.step()
         peak = tracker.get_tracker_snapshot("peak")

@@ -13,7 +13,7 @@ pytest.importorskip("torch.distributed._tools.mem_tracker", reason="the predicto
 
 from mtbench.data.synthetic import Synthetic  # noqa: E402
 from mtbench.device.caches import cpu_last_level_cache_bytes  # noqa: E402
-from mtbench.predict import calibration, opcost  # noqa: E402
+from mtbench.predict import cache_model, calibration  # noqa: E402
 from mtbench.predict.trace import trace_step  # noqa: E402
 from mtbench.workload.base import SetupContext, Workload  # noqa: E402
 
@@ -22,17 +22,17 @@ WEIGHT_BYTES = WIDTH * WIDTH * 4
 
 
 def test_recent_reads_hold_the_last_bytes_touched_and_drop_the_oldest():
-    cache = opcost.RecentReads(3 * 4096)
+    cache = cache_model.RecentReads(3 * 4096)
     a, b, c, d = (torch.empty(1024) for _ in range(4))  # 4 KiB each
     assert cache.touch([a, b, c]) == 0
     assert cache.touch([a]) == 4096  # still held; now the most recent
     assert cache.touch([d]) == 0  # b, the least recent, goes
     assert cache.touch([b]) == 0
-    assert opcost.RecentReads(0).touch([a, a]) == 0  # no cache: nothing is read from it
+    assert cache_model.RecentReads(0).touch([a, a]) == 0  # no cache: nothing is read from it
 
 
 def test_a_tensor_is_its_storage_offset_and_size_and_a_freed_storage_is_no_hit():
-    cache = opcost.RecentReads(1 << 30)
+    cache = cache_model.RecentReads(1 << 30)
     w, x = torch.randn(64, 32), torch.randn(8, 64)
     cache.touch([w, x[0]])
     assert cache.touch([w.t()]) == w.numel() * 4  # a weight and its transpose: the same bytes
@@ -81,7 +81,7 @@ def test_a_weight_read_again_within_the_cache_counts_once():
 
 
 def test_an_in_place_ops_write_of_what_it_has_just_read_is_no_hit():
-    cache, t = opcost.RecentReads(1 << 20), torch.randn(32, 32)
+    cache, t = cache_model.RecentReads(1 << 20), torch.randn(32, 32)
     assert cache.touch([t, 0.9, t]) == 0  # mul_: read and written back, held by no earlier op
     assert cache.touch([t, 0.9, t]) == t.numel() * 4  # the next op on it: held, one hit
 

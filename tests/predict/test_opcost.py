@@ -15,7 +15,7 @@ import torch
 pytest.importorskip("torch.distributed._tools.mem_tracker", reason="the predictor needs torch >= 2.5 (MemTracker)")
 
 from mtbench.data.synthetic import Synthetic  # noqa: E402
-from mtbench.predict import calibration, opcost  # noqa: E402
+from mtbench.predict import cache_model, calibration, opcost  # noqa: E402
 from mtbench.predict.fit import calibrate  # noqa: E402
 from mtbench.predict.trace import trace_step  # noqa: E402
 from mtbench.workload.base import SetupContext, Workload  # noqa: E402
@@ -392,8 +392,8 @@ def test_a_products_output_that_fits_the_cache_is_not_its_dram_traffic():
     """cached_outputs: each output of at most the cache's size counts as cached, a larger one does not, and
     without a cache (capacity 0) none does; in a trace, the matrix products' bytes drop by their outputs."""
     small, large = torch.zeros(256), torch.zeros(4096)  # 1 KiB, 16 KiB
-    assert opcost.cached_outputs((small, large), 8 << 10) == 1 << 10
-    assert opcost.cached_outputs(small, 0) == 0
+    assert cache_model.cached_outputs((small, large), 8 << 10) == 1 << 10
+    assert cache_model.cached_outputs(small, 0) == 0
 
     def linear() -> OneLayer:
         return OneLayer(torch.nn.Linear(64, 64), (64,))
