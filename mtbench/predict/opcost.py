@@ -22,7 +22,9 @@ from mtbench.predict import cache_model
 #                parameters or gradients, _foreach_*: a gradient clipping's norm and scale): <class>_bytes * s/byte
 #                (the optimizer's less its re-reads of what is still in the last-level cache: an update's several
 #                ops on one parameter, its gradient and its state read them again while they fit; a large one
-#                streams)
+#                streams) + optimizer_fresh_bytes * s/byte (its outputs in new storage of at least glibc's largest
+#                mmap threshold, 32 MiB: mapped fresh and faulted in page by page each step, and too large for any
+#                cache; a weight-decayed copy of AlexNet's 151 MB gradient, Adam's sqrt of BERT's embedding's state)
 #   launch_ops:  s per op launched (dispatch, kernel launch), every class
 #   host_ops:    s per op of host time between ops (Python, autograd engine), the "[no op]" row of ops.csv
 #   step_overhead: s per step
@@ -31,7 +33,8 @@ from mtbench.predict import cache_model
 CLASSES = ("conv", "matmul", "norm", "elementwise", "reduction", "pool", "optimizer")
 FEATURES = ("conv_flops", "conv_grouped_flops", "conv_bytes", "conv_thin_flops", "matmul_flops", "matmul_bytes",
             "norm_bytes", "elementwise_bytes", "reduction_bytes", "pool_bytes", "pool_window", "optimizer_bytes",
-            "launch_ops", "host_ops", "step_overhead")
+            "optimizer_fresh_bytes", "launch_ops", "host_ops", "step_overhead")
+GLIBC_MMAP_MAX = 32 << 20  # glibc's largest dynamic mmap threshold (DEFAULT_MMAP_THRESHOLD_MAX on 64-bit)
 HOST = "host"  # the time between ops (ops.csv's "[no op]" row)
 _INDEX = {f: i for i, f in enumerate(FEATURES)}
 # which features a class's own time is made of (launch_ops: that class's op count)
@@ -129,9 +132,10 @@ def measured_class(name: str, device: str = "cpu") -> str:
 def empty_classes() -> Dict[str, Dict[str, float]]:
     """Per class: flops, grouped_flops (convolutions with groups > 1), thin_flops (conv_thin_flops), window
     (pool_window), bytes, ops; and weight_bytes (the forward convolutions' weights: what oneDNN keeps reordered copies
-    of on a CPU, see Calibration.non_tensor_bytes)."""
+    of on a CPU, see Calibration.non_tensor_bytes); fresh (an update's new blocks that glibc maps fresh:
+    fresh_bytes)."""
     return {c: {"flops": 0.0, "grouped_flops": 0.0, "thin_flops": 0.0, "window": 0.0, "bytes": 0.0, "ops": 0.0,
-                "weight_bytes": 0.0} for c in CLASSES}
+                "weight_bytes": 0.0, "fresh": 0.0} for c in CLASSES}
 
 
 def step_features(classes: Dict[str, Dict[str, float]]) -> np.ndarray:
@@ -159,6 +163,8 @@ def class_features(classes: Dict[str, Dict[str, float]], cls: str) -> np.ndarray
         x[_INDEX["matmul_flops"]] = v.get("flops", 0.0)
     elif cls == "pool":
         x[_INDEX["pool_window"]] = v.get("window", 0.0)
+    elif cls == "optimizer":
+        x[_INDEX["optimizer_fresh_bytes"]] = v.get("fresh", 0.0)
     x[_INDEX[f"{cls}_bytes"]] = v.get("bytes", 0.0)
     x[_INDEX["launch_ops"]] = v.get("ops", 0.0)
     return x
@@ -272,6 +278,30 @@ def add_op(figures: Dict[str, float], cls: str, func: Any, args: Any, out: Any, 
         add_conv_figures(figures, func, args, flops, groups)
     elif cls == "pool":
         figures["window"] += pool_window_reads(func, args, out)
+    elif cls == "optimizer":
+        figures["fresh"] += fresh_bytes(args, out)
+
+
+def fresh_bytes(args: Any, out: Any, threshold: int = GLIBC_MMAP_MAX) -> int:
+    """Bytes of an op's CPU outputs in storage of their own of at least `threshold` bytes: glibc maps such a block
+    fresh at every allocation (above the largest threshold its own rule and memory.cpu_malloc=cached reach; `live`
+    maps smaller ones fresh too, not counted), and the kernel faults it in page by page as the op writes it. An
+    output that shares an input's storage (an in-place op's) is not new; a GPU's caching allocator maps nothing."""
+    import torch
+
+    def storages(tree: Any) -> Dict[int, int]:
+        out_: Dict[int, int] = {}
+        for t in torch.utils._pytree.tree_leaves(tree):
+            if isinstance(t, torch.Tensor) and t.device.type == "cpu":
+                try:
+                    storage = t.untyped_storage()
+                    out_[storage._cdata] = int(storage.nbytes())
+                except (RuntimeError, NotImplementedError, TypeError):  # no single storage (sparse, nested)
+                    continue
+        return out_
+
+    read = storages(args)
+    return sum(n for key, n in storages(out).items() if key not in read and n >= threshold)
 
 
 def add_conv_figures(figures: Dict[str, float], func: Any, args: Any, flops: float, groups: int) -> None:

@@ -8,6 +8,7 @@ import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
 from mtbench.device import hugepages
+from mtbench.predict.opcost import GLIBC_MMAP_MAX
 
 # Runs at up to 2 x RUN_AT samples are exact; a larger batch is extrapolated from two runs (RUN_AT, 2 x RUN_AT): the
 # workspace is page-aligned sections that grow linearly with the batch, so the error is a few pages (the sizes
@@ -18,7 +19,6 @@ PAGE = mmap.PAGESIZE
 # settings or live) in a process whose heap holds no free block as large: its pages the layer never writes read as
 # zero and are never resident
 FRESH_BYTES = 40 << 20
-GLIBC_MMAP_MAX = 32 << 20  # glibc's largest dynamic mmap threshold (DEFAULT_MMAP_THRESHOLD_MAX on 64-bit)
 MAX_SHARE_BATCH = 1 << 16  # no larger batch, and no larger input, is run to reach FRESH_BYTES
 MAX_SHARE_INPUT_BYTES = 256 << 20
 _SIZES: Dict[Tuple[Any, ...], int] = {}

@@ -1,6 +1,7 @@
 """The per-op-class time model: op classes, NNLS, the fit recovering a known cost from synthetic ops, calibrate."""
 from __future__ import annotations
 
+import functools
 import inspect
 import json
 from pathlib import Path
@@ -23,7 +24,8 @@ from mtbench.workload.base import SetupContext, Workload  # noqa: E402
 # a cost every coefficient of which matters: 50 GFLOP/s dense conv, 5 GFLOP/s grouped, ...
 TRUE = dict(conv_flops=1 / 50e9, conv_grouped_flops=1 / 5e9, conv_bytes=1 / 20e9, conv_thin_flops=1 / 2e9,
             matmul_flops=1 / 80e9, matmul_bytes=1 / 30e9, norm_bytes=1 / 8e9, elementwise_bytes=1 / 10e9,
-            reduction_bytes=1 / 4e9, pool_bytes=1 / 3e9, pool_window=1 / 1e9, optimizer_bytes=1 / 6e9, launch_ops=4e-6,
+            reduction_bytes=1 / 4e9, pool_bytes=1 / 3e9, pool_window=1 / 1e9, optimizer_bytes=1 / 6e9,
+            optimizer_fresh_bytes=1 / 2e9, launch_ops=4e-6,
             host_ops=2e-6, step_overhead=1.5e-3)
 TRUE_COEF = np.array([TRUE[f] for f in opcost.FEATURES])
 
@@ -38,6 +40,7 @@ def _classes(rng: np.random.Generator) -> Dict[str, Dict[str, float]]:
     out["conv"]["grouped_flops"] = out["conv"]["flops"] * float(rng.uniform(0, 0.5))
     out["pool"]["window"] = out["pool"]["bytes"] * float(rng.uniform(0.2, 3))
     out["conv"]["thin_flops"] = (out["conv"]["flops"] - out["conv"]["grouped_flops"]) / float(rng.uniform(8, 512))
+    out["optimizer"]["fresh"] = out["optimizer"]["bytes"] * float(rng.uniform(0, 0.3))
     return out
 
 
@@ -281,6 +284,34 @@ def test_a_fake_trace_counts_the_ops_and_bytes_a_real_step_runs(workload):
     if workload == "clipped" and "foreach" in inspect.signature(torch.nn.utils.clip_grad_norm_).parameters:
         plain = trace_step(LSTMStep, ctx)  # the clipping's _foreach_norm and _foreach_mul_ go with the update
         assert fake.op_classes["optimizer"]["ops"] == plain.op_classes["optimizer"]["ops"] + 2
+
+
+class DecayedLinear(OneLayer):
+    """A linear layer trained with SGD, momentum and weight decay (the update's weight-decayed gradient is a new
+    tensor the size of each parameter; the rest of the update is in place)."""
+
+    def __init__(self, features: int, weight_decay: float) -> None:
+        super().__init__(torch.nn.Linear(features, features), (features,))
+        self.weight_decay = weight_decay
+
+    def setup(self, ctx: SetupContext) -> None:
+        super().setup(ctx)
+        self.optimizer = torch.optim.SGD(self.net.parameters(), lr=0.1, momentum=0.9, weight_decay=self.weight_decay)
+
+
+@pytest.mark.parametrize("features, weight_decay, fresh", [(3000, 1e-4, 3000 * 3000 * 4), (3000, 0.0, 0),
+                                                             (2000, 1e-4, 0)])
+def test_an_updates_new_tensors_past_glibcs_mmap_ceiling_are_its_fresh_bytes(features, weight_decay, fresh):
+    """A 36 MB weight's weight-decayed gradient is a new block above glibc's largest mmap threshold: mapped and
+    faulted in at every step (its bias's and a 16 MB weight's come from the heap); an update without weight decay
+    writes in place. Fake and real traces count the same."""
+    ctx = SetupContext(device=torch.device("cpu"), batch_size=2, data=Synthetic(), seed=0, batches=1)
+    make = functools.partial(DecayedLinear, features, weight_decay)
+    fake, real = trace_step(make, ctx), trace_step(make, ctx, fake=False)
+    assert fake.op_classes["optimizer"]["fresh"] == real.op_classes["optimizer"]["fresh"] == fresh
+    assert all(v["fresh"] == 0 for c, v in fake.op_classes.items() if c != "optimizer")
+    x = opcost.class_features(fake.op_classes, "optimizer")
+    assert x[opcost.FEATURES.index("optimizer_fresh_bytes")] == fresh
 
 
 class _FakePredictor:
