@@ -7,7 +7,7 @@ from typing import Any, Dict, Optional, Tuple
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
-from mtbench.device import hugepages
+from mtbench.device import glibc, hugepages
 from mtbench.predict.opcost import GLIBC_MMAP_MAX
 
 # Runs at up to 2 x RUN_AT samples are exact; a larger batch is extrapolated from two runs (RUN_AT, 2 x RUN_AT): the
@@ -210,6 +210,9 @@ def _touched_shares(named: Dict[str, Any]) -> Tuple[float, float]:
             return _TOUCHED[key]
         with _disable_current_modes(), torch.enable_grad():
             real = _real_args(named, batch, 0.01)  # not zeros: a written page must read as non-zero
+            libc = glibc.glibc_malloc()
+            if libc is not None:  # glibc serves a block this large from a free chunk of its heap where it has one,
+                libc.malloc_trim(0)  # its old bytes still there: trimmed, the free chunks' pages read as zero
             output, hy, cy, ws = LAYER_OP(*real.values())
             forward = _written_share(ws)
             grads = [torch.full_like(t, 0.01) for t in (output, hy, cy)]

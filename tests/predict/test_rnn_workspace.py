@@ -179,3 +179,34 @@ def test_a_traced_lstm_holds_its_workspace_as_real_tensors_do(monkeypatch):
     assert real.peak_tensor_bytes - nominal < fresh.peak_tensor_bytes < real.peak_tensor_bytes
     monkeypatch.setattr(rnn_workspace, "_touched_shares", lambda named: (1.0, 1.0))
     assert trace_step(_Lstm, ctx, fresh_mapping_bytes=128 << 10).peak_tensor_bytes == real.peak_tensor_bytes
+
+
+# A heap that holds a large free chunk of old, non-zero bytes (as after other work in the process): glibc serves the
+# shares' probe workspace from it, not from a fresh mapping
+DIRTY_HEAP = """
+import torch
+big = torch.ones(30 << 18); del big  # a freed 30 MiB mapping raises glibc's mmap threshold to it
+blocks = [torch.ones(1 << 18) for _ in range(120)]  # 120 MiB of 1 MiB blocks from the heap, then freed below one
+keep = torch.ones(1 << 10)                          # still held: one free chunk in the heap, not trimmed
+del blocks
+from mtbench.predict import rnn_workspace
+from tests.predict.test_rnn_workspace import LAYER, _layer_args
+named = dict(zip([a.name for a in LAYER._schema.arguments], _layer_args(24, steps=40, features=32, hidden=64)))
+print(*rnn_workspace._touched_shares(named))
+"""
+
+
+@run_if(linux=True, why="glibc's heap")
+def test_the_written_share_is_measured_on_a_heap_with_old_bytes_in_it():
+    """The share of a workspace a layer writes is read as its non-zero pages: where glibc serves the probe's
+    workspace from a free chunk of its heap holding old bytes, every page read as written (the whole workspace
+    counted, as on real tensors); the heap trimmed first, its free pages read as zero."""
+    import subprocess
+    from pathlib import Path
+
+    repo = str(Path(__file__).resolve().parents[2])
+    proc = subprocess.run([sys.executable, "-c", DIRTY_HEAP], capture_output=True, text=True, env=child_env(),
+                          cwd=repo, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    forward, both = (float(v) for v in proc.stdout.split()[-2:])
+    assert forward < 0.5 and both < 0.9, (forward, both)
