@@ -17,6 +17,7 @@ class _Mallinfo(ctypes.Structure):
     _fields_ = [(name, ctypes.c_int) for name, _ in _Mallinfo2._fields_]
 
 
+MMAP_THRESHOLD_MAX = 32 * 2**20  # DEFAULT_MMAP_THRESHOLD_MAX on 64-bit: the largest its dynamic mmap threshold reaches
 PROBE_BYTES = 64 * 2**20  # above glibc's largest mmap threshold (32 MiB): a mapping of its own, never touched
 
 

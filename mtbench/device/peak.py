@@ -13,7 +13,7 @@ import torch
 
 from mtbench.device import hugepages, mkl_memory
 from mtbench.device.arena import in_own_arena
-from mtbench.device.glibc import mallopt
+from mtbench.device.glibc import MMAP_THRESHOLD_MAX, mallopt
 from mtbench.regular_files import read_head
 
 _HWM = re.compile(rb"VmHWM:\s+(\d+)\s+kB")
@@ -88,7 +88,7 @@ def release_memory(device: torch.device) -> None:
 M_MMAP_THRESHOLD = -3  # glibc's mallopt parameters (malloc.h)
 M_TRIM_THRESHOLD = -1
 MMAP_THRESHOLD_BYTES = 128 * 1024  # glibc's own initial threshold, here kept fixed (memory.cpu_malloc=live)
-CACHED_MMAP_BYTES = 32 * 2**20  # glibc's DEFAULT_MMAP_THRESHOLD_MAX on 64-bit: the ceiling of its own dynamic rule
+CACHED_MMAP_BYTES = MMAP_THRESHOLD_MAX  # the ceiling of glibc's own dynamic rule
 LIVE_TRIM_BYTES = 128 * 1024  # glibc's own M_TRIM_THRESHOLD, set again by live (cached may have raised it before)
 CACHED_TRIM_BYTES = 2**31 - 1  # mallopt takes a C int: the largest, so the heap's top is not given back
 

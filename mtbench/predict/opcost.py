@@ -7,6 +7,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from mtbench.device.glibc import MMAP_THRESHOLD_MAX
 from mtbench.predict import cache_model
 
 # The model (all coefficients >= 0), summed over the ops of one training step:
@@ -34,7 +35,6 @@ CLASSES = ("conv", "matmul", "norm", "elementwise", "reduction", "pool", "optimi
 FEATURES = ("conv_flops", "conv_grouped_flops", "conv_bytes", "conv_thin_flops", "matmul_flops", "matmul_bytes",
             "norm_bytes", "elementwise_bytes", "reduction_bytes", "pool_bytes", "pool_window", "optimizer_bytes",
             "optimizer_fresh_bytes", "launch_ops", "host_ops", "step_overhead")
-GLIBC_MMAP_MAX = 32 << 20  # glibc's largest dynamic mmap threshold (DEFAULT_MMAP_THRESHOLD_MAX on 64-bit)
 HOST = "host"  # the time between ops (ops.csv's "[no op]" row)
 _INDEX = {f: i for i, f in enumerate(FEATURES)}
 # which features a class's own time is made of (launch_ops: that class's op count)
@@ -282,7 +282,7 @@ def add_op(figures: Dict[str, float], cls: str, func: Any, args: Any, out: Any, 
         figures["fresh"] += fresh_bytes(args, out)
 
 
-def fresh_bytes(args: Any, out: Any, threshold: int = GLIBC_MMAP_MAX) -> int:
+def fresh_bytes(args: Any, out: Any, threshold: int = MMAP_THRESHOLD_MAX) -> int:
     """Bytes of an op's CPU outputs in storage of their own of at least `threshold` bytes: glibc maps such a block
     fresh at every allocation (above the largest threshold its own rule and memory.cpu_malloc=cached reach; `live`
     maps smaller ones fresh too, not counted), and the kernel faults it in page by page as the op writes it. An

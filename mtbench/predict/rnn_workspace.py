@@ -8,7 +8,7 @@ import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
 from mtbench.device import glibc, hugepages
-from mtbench.predict.opcost import GLIBC_MMAP_MAX
+from mtbench.device.glibc import MMAP_THRESHOLD_MAX
 
 # Runs at up to 2 x RUN_AT samples are exact; a larger batch is extrapolated from two runs (RUN_AT, 2 x RUN_AT): the
 # workspace is page-aligned sections that grow linearly with the batch, so the error is a few pages (the sizes
@@ -91,7 +91,7 @@ def stack_flops(func: Any, args: Tuple[Any, ...]) -> int:
 
 
 def workspace(args: Tuple[Any, ...], kwargs: Dict[str, Any], device: Any,
-              fresh_from: Optional[int] = GLIBC_MMAP_MAX) -> torch.Tensor:
+              fresh_from: Optional[int] = MMAP_THRESHOLD_MAX) -> torch.Tensor:
     """The workspace `aten::mkldnn_rnn_layer(*args)` returns, as an empty tensor of the bytes it holds resident
     once the forward ran (`workspace_bytes`); what the layer's backward writes on top of that, `held_during`
     holds while the backward runs (the workspace is freed after it)."""
@@ -121,7 +121,7 @@ def held_during(func: Any, args: Tuple[Any, ...]) -> Optional[torch.Tensor]:
 
 
 def workspace_bytes(args: Tuple[Any, ...], kwargs: Dict[str, Any],
-                    fresh_from: Optional[int] = GLIBC_MMAP_MAX, both: bool = False) -> Any:
+                    fresh_from: Optional[int] = MMAP_THRESHOLD_MAX, both: bool = False) -> Any:
     """Bytes of the workspace `aten::mkldnn_rnn_layer(*args)` returns on real tensors: none where gradients are off
     (the kernel keeps one whenever autograd records, whatever its `train` flag says).
 

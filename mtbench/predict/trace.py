@@ -10,6 +10,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
+from mtbench.device.glibc import MMAP_THRESHOLD_MAX
 from mtbench.predict import cache_model, conv_scratch, mkl_buffers, opcost, rnn_workspace
 from mtbench.workload.breakdown import PARTS as BREAKDOWN_KEYS  # the measured breakdown's keys: ours too
 from mtbench.workload import torch_internals
@@ -252,7 +253,7 @@ _METADATA_OPS |= {torch.ops.prim.device.default} if hasattr(torch.ops.prim, "dev
 
 def trace_step(make_workload: Callable[[], Workload], ctx: SetupContext, fake: bool = True,
                cuda_optimizers: bool = False, later_steps: int = 0,
-               fresh_mapping_bytes: Optional[int] = rnn_workspace.GLIBC_MMAP_MAX, cache_bytes: int = 0) -> StepTrace:
+               fresh_mapping_bytes: Optional[int] = MMAP_THRESHOLD_MAX, cache_bytes: int = 0) -> StepTrace:
     """Build the workload (`make_workload()`), set it up and run two training steps on fake tensors; measure the second.
 
     Nothing is allocated: every tensor is a FakeTensor (shape, dtype, device only), also on a device this
