@@ -208,7 +208,7 @@ def _warm_prober() -> None:
         compose(config_name="config", overrides=[f"model={MAXBATCH_MODELS[0]}"])
 
 
-def maxbatch_comparison(models, repeats: int = 1) -> None:
+def maxbatch_comparison(models, repeats: int = 1, confirm_above: bool = False) -> None:
     """Guided (a small probe, the predicted max batch, then probes) against the full search, both as
     `mtbench maxbatch` runs them (--start 2) and timed in this one run: `repeats` times each, the order of the two
     alternating (guided first, then full first, ...), each search's median time compared (with its range where
@@ -216,9 +216,9 @@ def maxbatch_comparison(models, repeats: int = 1) -> None:
     from mtbench.campaign.maxbatch import guided, probe_isolated, search
 
     print(f"\nmax batch, target=nano device=cpu, {repeats} run(s) of each search, order alternating ({quiet()}):")
-    print(f"{'model':<12} {'full':>6} {'probes':>6} {'s':>6} {'pred':>6} {'guided':>6} {'probes':>6} {'s':>6} "
-          f"{'same':>5} {'speed-up':>8}  {'full s, each':<18} guided s, each")
-    args = argparse.Namespace(start=2, limit=4096, tolerance=0.05)
+    print(f"{'model':<12} {'full':>6} {'probes':>6} {'s':>6} {'pred':>6} {'guided':>6} {'over':>6} {'probes':>6} "
+          f"{'s':>6} {'same':>5} {'speed-up':>8}  {'full s, each':<18} guided s, each")
+    args = argparse.Namespace(start=2, limit=4096, tolerance=0.05, confirm_above=confirm_above)
     _warm_prober()
     for model in models:
         fulls, guideds, predictions = [], [], []
@@ -248,8 +248,9 @@ def maxbatch_comparison(models, repeats: int = 1) -> None:
         same = all(abs(x.max_batch - f.max_batch) <= max(1, 0.05 * f.max_batch) for x, f in zip(guideds, fulls))
         full_s, guided_s = (statistics.median(x.seconds for x in runs) for runs in (fulls, guideds))
         each = [" ".join(f"{x.seconds:.0f}" for x in runs) for runs in (fulls, guideds)]
+        over = f"{g.first_failing_batch}{'*' if g.inferred else ''}"
         print(f"{model:<12} {full.max_batch:>6} {len(full.probes):>6} {full_s:>6.0f} "
-              f"{'/'.join(sorted(set(predictions))):>6} {g.max_batch:>6} {len(g.probes):>6} "
+              f"{'/'.join(sorted(set(predictions))):>6} {g.max_batch:>6} {over:>6} {len(g.probes):>6} "
               f"{guided_s:>6.0f} {str(same):>5} {full_s / max(guided_s, 1e-9):>7.1f}x  {each[0]:<18} {each[1]}")
 
 
@@ -272,6 +273,9 @@ def main() -> None:
     ap.add_argument("--maxbatch", action="store_true",
                     help="also compare guided and full maxbatch (target=nano, device=cpu) for " +
                          ", ".join(MAXBATCH_MODELS))
+    ap.add_argument("--confirm-above", action="store_true",
+                    help="with --maxbatch: the guided search probes the step above its answer in every case "
+                         "(`mtbench maxbatch --confirm-above`)")
     ap.add_argument("--all-models", action="store_true",
                     help="only predict every model of conf/model at batch 8 for target none and tx2 (how each traced)")
     args = ap.parse_args()
@@ -344,8 +348,11 @@ def main() -> None:
     if args.maxbatch:  # from a fresh process: this one ran autograd (the traces), and each probe is a fork
         subprocess.run([sys.executable, "-c", "from benchmarks.predict_accuracy import MAXBATCH_MODELS, "
                         "maxbatch_comparison; "
-                        f"maxbatch_comparison(MAXBATCH_MODELS, {args.maxbatch_repeats})"], check=False, cwd=REPO,
+                        f"maxbatch_comparison(MAXBATCH_MODELS, {args.maxbatch_repeats}, {args.confirm_above})"],
+                       check=False, cwd=REPO,
                        env={**os.environ, "PYTHONPATH": str(REPO)})
+        print("  over: the guided search's smallest batch that does not fit; *: not probed, ruled out by the "
+              "headroom the probe at the answer measured and the trace's growth (--confirm-above probes it)")
 
     if not args.no_speed:
         out = subprocess.run([sys.executable, "-c", SPEED_CHILD], capture_output=True, text=True, cwd=REPO,

@@ -24,6 +24,10 @@ SCHEMA = "mtbench.maxbatch/1"
 # what makes a probe "does not fit": the allocator's OOM (CUDA, or a real MemoryError), the budget check on CPU,
 # and the kernel's OOM killer (the job's process died)
 DOES_NOT_FIT = ("oom", "budget", "killed")
+# the guided search takes the step above a batch that fits as not fitting, unprobed, where that batch's headroom
+# under the budget is less than this share of the trace's growth over the step (a trace that over-states the
+# growth up to twice, or under-states it, cannot make that wrong); the rule: search_guided
+INFER_SHARE = 0.5
 PROBE = ["warmup=1", "steps=1", "memory.breakdown=false"]  # one warm-up step (grads, optimizer state), one
 # measured; no tracked breakdown step (it runs after the peak is read: it would only cost time)
 
@@ -38,6 +42,7 @@ class Probe:
     seconds: float
     plan: Optional[str] = None  # the memory plan the probe ran under (memory_plan.label; auto's choice)
     training_bytes: Optional[int] = None  # CPU: what the budget is held against (the peak less the runtime)
+    budget_bytes: Optional[int] = None  # the budget the job was held to
 
 
 @dataclass
@@ -50,6 +55,7 @@ class Search:
     error: Optional[str] = None  # a probe failed for another reason than memory: the search stopped
     probes: List[Probe] = field(default_factory=list)
     seconds: float = 0.0
+    inferred: Optional[str] = None  # why first_failing_batch was not probed (search_guided), None where it was
 
     def probe_at(self, batch: int) -> Optional[Probe]:
         return next((p for p in self.probes if p.batch == batch), None)
@@ -109,14 +115,21 @@ def _bisect(result: Search, probe: Callable[[int], Optional[bool]], lo: Optional
 
 
 def search_guided(fits_at: Callable[[int], Probe], predicted: int, limit: int = 4096, tolerance: float = 0.05,
-                  model: str = "", probes: Sequence[Probe] = (), spent: float = 0.0) -> Search:
+                  model: str = "", probes: Sequence[Probe] = (), spent: float = 0.0,
+                  growth_bytes: Optional[float] = None) -> Search:
     """Start from the predictor's max batch and confirm it with real probes: `predicted` fits and the next step
     above it (`tolerance`) does not, which is the full search's answer in two probes. Where a probe disagrees,
     widen in that direction (upwards one more single step, then steps that double: 5 %, 10 %, 20 %, ...),
     then bisect as `search` does, so a
     predictor that is 30 % off still ends on the same answer, in a few more probes. `probes`: those run before
     (the one that measured the runtime's memory for the prediction), counted and not run again; `spent`: the
-    seconds before the search (that probe, the prediction), counted in its time."""
+    seconds before the search (that probe, the prediction), counted in its time.
+
+    `growth_bytes`: the trace's growth of training memory per sample at the prediction. On the way up, the next
+    batch is then not probed where the largest batch that fitted measured less headroom under its budget than
+    INFER_SHARE of that growth over the step: it is the first that does not fit, and `inferred` says why. Memory
+    that grows with the batch at least half as fast as the trace says cannot fit there (docs/benchmarks.md
+    compares the growth measured near the answer with the trace's)."""
     result = Search(model=model, probes=list(probes))
     began = time.monotonic() - spent
     probe = functools.partial(result.ask, fits_at)
@@ -135,6 +148,10 @@ def search_guided(fits_at: Callable[[int], Probe], predicted: int, limit: int = 
                 result.limit_reached = True
                 break
             nxt = min(limit, lo + step(lo, k))
+            result.inferred = _ruled_out(result.probe_at(lo), nxt, growth_bytes)
+            if result.inferred:
+                hi = nxt
+                break
             ok = probe(nxt)
             if ok is None:
                 break
@@ -158,24 +175,46 @@ def search_guided(fits_at: Callable[[int], Probe], predicted: int, limit: int = 
     return _bisect(result, probe, lo, hi, tolerance, began)
 
 
+def _ruled_out(fitted: Optional[Probe], batch: int, growth_bytes: Optional[float]) -> Optional[str]:
+    """Why `batch` cannot fit, from the probe of a smaller batch that fitted and the trace's growth per sample; None
+    where it may (or where the probe measured no training memory: a GPU's allocator peak is not compared)."""
+    if not growth_bytes or fitted is None or fitted.training_bytes is None or fitted.budget_bytes is None:
+        return None
+    headroom = fitted.budget_bytes - fitted.training_bytes
+    least = INFER_SHARE * growth_bytes * (batch - fitted.batch)
+    if headroom >= least:
+        return None
+    return (f"batch {batch} not probed: batch {fitted.batch} measured {fitted.training_bytes / 2**20:.1f} MiB of "
+            f"training memory, {headroom / 2**20:.1f} MiB under the budget, and {batch} holds at least "
+            f"{least / 2**20:.1f} MiB more ({INFER_SHARE:g} x the trace's {growth_bytes / 2**20:.2f} MiB a sample)")
+
+
 def guided(model: str, target: str, overrides: List[str], fits_at: Callable[[int], Probe],
             args: argparse.Namespace) -> Search:
     """The guided search: a probe at a small batch measures what the job holds besides tensors (the predictor can
     only assume it: 48 MiB under a budget, 117-127 MiB measured on resnet50 and densenet40 on one VM, 15-58 on
-    another), the prediction is shifted by it, and search_guided confirms. Where that probe does not fit, or no
-    prediction can be made, the full search runs."""
+    another), the prediction is shifted by it, and search_guided confirms, ruling out the step above from the
+    trace's growth unless `--confirm-above` or a memory plan. Where that probe does not fit, or no prediction can
+    be made, the full search runs."""
     began = time.monotonic()
     small = min(args.limit, FIRST_FACTORS[0] * args.start)  # the prediction's first trace
     first = fits_at(small)
-    predicted, why = None, f"the probe at batch {small} did not fit ({first.kind})"
+    predicted, why, growth = None, f"the probe at batch {small} did not fit ({first.kind})", None
     if first.fits:
         measured = (small, first.training_bytes) if first.training_bytes is not None else None
-        predicted, why = predicted_max_batch(model, target, overrides, args.start, measured)
+        predicted, why, growth = predicted_max_batch(model, target, overrides, args.start, measured)
     print(f"    predicted max batch: {predicted if predicted else why + ': the full search runs'}", flush=True)
-    find = functools.partial(search_guided, predicted=predicted) if predicted else functools.partial(
-        search, start=args.start)
-    return find(fits_at, limit=args.limit, tolerance=args.tolerance, model=model, probes=[first],
-                spent=time.monotonic() - began)
+    plan = next((o.split("=", 1)[1] for o in reversed(overrides) if o.startswith("memory.plan=")), "none")
+    if args.confirm_above or plan != "none":  # a plan (auto) may train a larger batch another way, in less memory
+        growth = None
+    find = functools.partial(search, start=args.start)
+    if predicted:
+        find = functools.partial(search_guided, predicted=predicted, growth_bytes=growth)
+    result = find(fits_at, limit=args.limit, tolerance=args.tolerance, model=model, probes=[first],
+                  spent=time.monotonic() - began)
+    if result.inferred:
+        print(f"    {result.inferred}", flush=True)
+    return result
 
 
 def _probe_from_summary(batch: int, summary: Optional[Dict[str, Any]], seconds: float, why_missing: str) -> Probe:
@@ -184,7 +223,8 @@ def _probe_from_summary(batch: int, summary: Optional[Dict[str, Any]], seconds: 
     failure = summary.get("failure") or {}
     training = measured_training_bytes(summary) if summary.get("mem_peak_source") == "process_rss" else None
     return Probe(batch, bool(summary.get("success")), failure.get("kind"), failure.get("message"),
-                 summary.get("mem_peak_bytes"), seconds, (summary.get("memory_plan") or {}).get("label"), training)
+                 summary.get("mem_peak_bytes"), seconds, (summary.get("memory_plan") or {}).get("label"), training,
+                 summary.get("budget_bytes"))
 
 
 def probe_in_subprocess(overrides: List[str], batch: int, out_dir: Path) -> Probe:

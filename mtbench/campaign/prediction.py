@@ -3,11 +3,19 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-from typing import Any, List, Optional, Tuple, Union
+from typing import Any, Dict, List, NamedTuple, Optional, Tuple, Union
 
 from mtbench.errors import UsageError
 
 MAX_TRACERS = 2  # traces side by side: each is one busy Python thread; the search's rounds hold two batches
+
+
+class Prediction(NamedTuple):
+    batch: Optional[int]  # the predicted max batch; None where there is none (`why` says why)
+    why: str
+    # the trace's growth of training memory per sample at the answer: the smaller of its growth to the next batch
+    # traced above the answer and its growth from the smallest batch traced (None: none traced on either side)
+    growth_bytes: Optional[float] = None
 
 
 class _TraceFailed(Exception):
@@ -19,9 +27,9 @@ class _TracerDied(Exception):
 
 
 def predicted_max_batch(model: str, target: str, overrides: List[str], anchor: int,
-                        measured: Optional[Tuple[int, int]] = None) -> Tuple[Optional[int], str]:
-    """The predictor's max batch for `model` under the probes' overrides, or (None, why) where it has none: the
-    guided search then falls back to the full one.
+                        measured: Optional[Tuple[int, int]] = None) -> Prediction:
+    """The predictor's max batch for `model` under the probes' overrides, with why and the trace's growth per
+    sample there; batch None (and why) where it has none: the guided search then falls back to the full one.
 
     `measured` (batch, bytes): a probe's training memory on a CPU (what the budget is held against). Every
     predicted peak is then shifted by what it measured beyond the prediction at that batch: the memory that is not
@@ -51,9 +59,10 @@ def predicted_max_batch(model: str, target: str, overrides: List[str], anchor: i
         if kind == "usage":
             raise UsageError(budget)
         if budget is None:
-            return None, "target none has no memory budget"
+            return Prediction(None, "target none has no memory budget")
 
         shift: List[int] = []  # measured less predicted at the measured batch, once known
+        seen: Dict[int, int] = {}  # every batch traced, its peak
 
         def peaks(batches: List[int]) -> List[Union[int, BaseException]]:
             if measured is None:
@@ -74,15 +83,16 @@ def predicted_max_batch(model: str, target: str, overrides: List[str], anchor: i
             usage = next((value for kind, value in answers if kind == "usage"), None)
             if usage is not None:
                 raise UsageError(usage)
+            seen.update((b, int(value)) for b, (kind, value) in zip(batches, answers) if kind == "ok")
             return [value if kind == "ok" else _TraceFailed(value) for kind, value in answers]
 
         best, why, _ = largest_batch(peaks, int(budget), anchor, width=width)
         if shift and measured is not None:
             why += (f" (each prediction shifted by {shift[0] / 2**20:+.1f} MiB: the probe at batch {measured[0]} "
                     "measured that beyond it)")
-        return best, why
+        return Prediction(best, why, _growth(seen, best))
     except (_TracerDied, _TraceFailed) as exc:  # no tracer, or the model cannot be traced: the full search needs none
-        return None, f"no prediction ({exc}); the full search runs instead"
+        return Prediction(None, f"no prediction ({exc}); the full search runs instead")
     finally:
         for proc, conn in tracers:
             try:
@@ -95,6 +105,19 @@ def predicted_max_batch(model: str, target: str, overrides: List[str], anchor: i
             if proc.is_alive():
                 proc.kill()
                 proc.join()
+
+
+def _growth(seen: Dict[int, int], best: int) -> Optional[float]:
+    """Bytes per sample at `best` from the traced peaks: the smaller of the growth to the next batch traced above it
+    and the growth from the smallest traced below it (a step in the peak between two neighbours, a buffer that
+    grows in blocks, does not then count as growth per sample); None where either is missing or not positive."""
+    above = [b for b in seen if b > best]
+    below = [b for b in seen if b < best]
+    if best not in seen or not above or not below:
+        return None
+    nxt, first = min(above), min(below)
+    growth = min((seen[nxt] - seen[best]) / (nxt - best), (seen[best] - seen[first]) / (best - first))
+    return growth if growth > 0 else None
 
 
 def _receive(proc: Any, conn: Any) -> Tuple[str, Any]:

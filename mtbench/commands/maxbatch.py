@@ -27,6 +27,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--search", default="full", choices=("full", "guided"),
                         help="full: doubling, then bisection; guided: start at the predictor's max batch and confirm it "
                              "with probes (2-3 probes when the prediction is right; the full answer when it is not)")
+    parser.add_argument("--confirm-above", action="store_true",
+                        help="guided: probe the step above the answer even where the probe at the answer measured too "
+                             "little headroom for it under the budget (by default it is not probed, and said so)")
     parser.add_argument("--out", default=None, help="folder for maxbatch.json and the probes' job folders "
                                                     "(default maxbatch/<date>/<time>)")
     parser.add_argument("overrides", nargs="*", help="key=value, as for a job (model=..., target=..., device=...)")
@@ -159,7 +162,8 @@ def print_table(results: List[Search], target: str) -> None:
             ("error" if r.error and not r.max_batch else f">= {r.max_batch}" if r.limit_reached else str(r.max_batch)),
             f"{ratio:.2f}x" if ratio is not None else "n/a",
             (at_max.plan or "n/a") if at_max else "n/a",
-            f"{r.first_failing_batch} ({failing.kind})" if failing else ("n/a" if not r.error else r.error[:40]),
+            f"{r.first_failing_batch} ({failing.kind})" if failing else f"{r.first_failing_batch} (inferred)"
+            if r.inferred else ("n/a" if not r.error else r.error[:40]),
             fmt_bytes(at_max.peak_bytes) if at_max else "n/a",
             str(len(r.probes)),
             f"{r.seconds:.0f} s",

@@ -136,7 +136,7 @@ def test_search_guided_starts_at_the_prediction_and_confirms_it_in_few_probes(tm
 
     def predicted(model, target, overrides, anchor, measured):
         asked.append((model, target, tuple(overrides), measured))
-        return 39, ""
+        return 39, "", None
 
     monkeypatch.setattr(maxbatch, "predicted_max_batch", predicted)
     code = maxbatch_command.main(["model=alexnet", "target=nano", "device=cpu", "maxbatch.search=guided",
@@ -149,6 +149,36 @@ def test_search_guided_starts_at_the_prediction_and_confirms_it_in_few_probes(tm
     assert "predicted max batch: 39" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("confirm", [[], ["--confirm-above"], ["memory.plan=recompute"]])
+def test_search_guided_says_which_step_above_it_did_not_probe(tmp_path, monkeypatch, capsys, confirm):
+    """The step above a predicted max batch whose probe measured too little headroom for it is not probed by
+    default: the table, the console and maxbatch.json say so; --confirm-above probes it, and so does a search under
+    a memory plan (a plan may train a larger batch another way)."""
+    budget, per_sample, fixed = 1610612736, 25 * 2**20, 210 * 2**20  # resnet50 at 53 under nano's budget, roughly
+
+    def prober(overrides, batch, out_dir: Path) -> Probe:
+        seen.append(batch)
+        training = fixed + per_sample * batch
+        ok = training <= budget
+        return Probe(batch, ok, None if ok else "budget", None if ok else "over", training, 0.0,
+                     training_bytes=training, budget_bytes=budget)
+
+    seen: List[int] = []
+    monkeypatch.setattr(maxbatch, "predicted_max_batch", lambda *a: (53, "", per_sample * 1.004))
+    code = maxbatch_command.main(["model=resnet50", "target=nano", "device=cpu", "--search", "guided",
+                                  "--out", str(tmp_path)] + confirm, prober=prober)
+    doc = json.loads((tmp_path / "maxbatch.json").read_text())["models"][-1]
+    out = capsys.readouterr().out
+    assert code == 0 and doc["max_batch"] == 53 and doc["first_failing_batch"] == 55
+    if confirm:
+        assert seen[-3:] == [8, 53, 55] and doc["inferred"] is None and "55 (budget)" in out
+    else:
+        assert seen == [8, 53] and "55 (inferred)" in out
+        assert doc["inferred"].startswith("batch 55 not probed: batch 53 measured 1535.0 MiB of training memory, "
+                                          "1.0 MiB under the budget, and 55 holds at least 25.1 MiB more")
+        assert "batch 55 not probed" in out
+
+
 def test_search_guided_without_a_prediction_runs_the_full_search(tmp_path, monkeypatch, capsys):
     seen = []
 
@@ -156,7 +186,7 @@ def test_search_guided_without_a_prediction_runs_the_full_search(tmp_path, monke
         seen.append(batch)
         return fake_board(40)(batch)
 
-    monkeypatch.setattr(maxbatch, "predicted_max_batch", lambda *a: (None, "no prediction (a reason)"))
+    monkeypatch.setattr(maxbatch, "predicted_max_batch", lambda *a: (None, "no prediction (a reason)", None))
     code = maxbatch_command.main(["model=alexnet", "target=nano", "--search", "guided", "--out", str(tmp_path)],
                          prober=prober)
     assert code == 0 and seen[:4] == [8, 2, 4, 16]  # the small probe, then the full search's doubling (8 known)

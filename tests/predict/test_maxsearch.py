@@ -89,14 +89,16 @@ tiny = ["model.workload.ngf=4", "model.workload.ndf=4"]
 # a fixed budget: the tracers must be forked before this process runs autograd (Predictor.max_batch's traces)
 overrides = tiny + ["target.memory_budget_bytes=%d" % (60 * 2**20)]
 cli = ["target=nano", "device=cpu", *overrides]
-side_by_side, why = predicted_max_batch("dcgan", "nano", cli, 2)
+side_by_side, why, growth = predicted_max_batch("dcgan", "nano", cli, 2)
 # a probe at 8 that measured 55 MiB of training memory: every peak is shifted by that less the prediction at 8
-shifted, why_shifted = predicted_max_batch("dcgan", "nano", cli, 2, measured=(8, 55 * 2**20))
+shifted, why_shifted, _ = predicted_max_batch("dcgan", "nano", cli, 2, measured=(8, 55 * 2**20))
 one = Predictor(target_name="nano", device="cpu", overrides=tuple(overrides))
 shift = 55 * 2**20 - one.predict("dcgan", 8).peak_bytes
 less = tuple(tiny) + ("target.memory_budget_bytes=%d" % (60 * 2**20 - shift),)  # the same as a smaller budget
+at = lambda b: one.predict("dcgan", b).peak_bytes
 print(json.dumps([side_by_side, why, one.max_batch("dcgan", 2)[0], shifted, why_shifted,
-                  Predictor(target_name="nano", device="cpu", overrides=less).max_batch("dcgan", 2)[0], shift]))
+                  Predictor(target_name="nano", device="cpu", overrides=less).max_batch("dcgan", 2)[0], shift,
+                  growth, (at(side_by_side + 1) - at(side_by_side))]))
 """
 
 
@@ -116,12 +118,27 @@ def test_the_tracer_processes_find_what_one_predictor_finds(tmp_path):
     proc = subprocess.run([sys.executable, "-c", _SIDE_BY_SIDE], capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     figures = json.loads(proc.stdout.strip().splitlines()[-1])
-    side_by_side, why, one, shifted, why_shifted, smaller_budget, shift = figures
+    side_by_side, why, one, shifted, why_shifted, smaller_budget, shift, growth, next_one = figures
     assert one > 8 and side_by_side is not None, (side_by_side, why, one)
     assert abs(side_by_side - one) <= max(1, one // 100) and "does not fit" in why, (side_by_side, why, one)
     assert shift > 0 and 8 <= smaller_budget < one, (shift, smaller_budget, one)
     assert abs(shifted - smaller_budget) <= max(1, smaller_budget // 100), (shifted, smaller_budget, why_shifted)
     assert f"shifted by {shift / 2**20:+.1f} MiB: the probe at batch 8" in why_shifted
+    # the trace's growth per sample at the answer, for the guided search's rule: one more sample's
+    assert 0.9 * next_one <= growth <= 1.1 * next_one, (growth, next_one)
+
+
+def test_the_growth_per_sample_at_the_answer_is_not_a_step_between_two_neighbours():
+    from mtbench.campaign.prediction import _growth
+
+    mib = 2**20
+    line = {8: 100 * mib + 8 * 20 * mib, 32: 100 * mib + 32 * 20 * mib, 53: 100 * mib + 53 * 20 * mib}
+    assert _growth({**line, 54: line[53] + 20 * mib}, 53) == 20 * mib
+    # a buffer that grows in blocks steps up between 53 and 54: the growth from 8 is taken, not the step
+    assert _growth({**line, 54: line[53] + 300 * mib}, 53) == 20 * mib
+    assert _growth(line, 53) is None  # nothing traced above the answer
+    assert _growth({53: line[53], 54: line[53] + 20 * mib}, 53) is None  # nothing below
+    assert _growth({**line, 54: line[53]}, 53) is None  # no growth: nothing can be ruled out
 
 
 _FAILURES = """
@@ -153,9 +170,9 @@ def test_a_tracer_that_dies_or_cannot_trace_gives_no_prediction_and_says_why(tmp
     proc = subprocess.run([sys.executable, "-c", _FAILURES], capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     died, failed = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert died == [None, "no prediction (its process ended with exit code 9); the full search runs instead"]
+    assert died == [None, "no prediction (its process ended with exit code 9); the full search runs instead", None]
     assert failed == [None, "no prediction (RuntimeError: a kernel fake tensors cannot run); the full search runs "
-                            "instead"]
+                            "instead", None]
 
 
 @pytest.mark.parametrize("shape", list(SHAPES))
