@@ -172,7 +172,10 @@ def search_guided(fits_at: Callable[[int], Probe], predicted: int, limit: int = 
                 hi, k = nxt, k + 1
     result.max_batch = lo or 0
     result.first_failing_batch = hi
-    return _bisect(result, probe, lo, hi, tolerance, began)
+    result = _bisect(result, probe, lo, hi, tolerance, began)
+    if result.probe_at(result.first_failing_batch or 0) is not None:  # bisected below the batch ruled out
+        result.inferred = None
+    return result
 
 
 def _ruled_out(fitted: Optional[Probe], batch: int, growth_bytes: Optional[float]) -> Optional[str]:

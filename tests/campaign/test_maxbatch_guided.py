@@ -121,6 +121,8 @@ def test_a_trace_whose_growth_is_off_up_to_twice_never_rules_out_a_batch_that_fi
     guided = search_guided(prober, predicted=predicted, growth_bytes=trace_error * prober.per_sample)
     _agrees_with_full(guided, true_max)
     assert len(set(prober.calls)) == len(prober.calls)
+    # `inferred` is said exactly where the smallest batch that does not fit was not probed
+    assert (guided.inferred is None) == (guided.probe_at(guided.first_failing_batch) is not None), guided
 
 
 def test_a_probe_without_training_memory_rules_nothing_out():
