@@ -159,6 +159,8 @@ class _StepCounter(torch.utils._python_dispatch.TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
 
+        if func is _PRIM_DEVICE and self.fake_mode is not None and not self.fake_mode.in_kernel_invocation:
+            return args[0].fake_device  # as FakeTensor answers it, without the modes below: most of a step's ops
         kwargs = kwargs or {}
         before = self.flop_counter.get_total_flops()
         # oneDNN's scratch of an LSTM layer or a convolution's backward: held while the op runs
@@ -237,7 +239,10 @@ def _zero_like_result(func: Any, args: Any) -> Any:
     return 0
 
 
+# `tensor.device` on a fake tensor dispatches prim::device, no kernel on a real one (most of a BERT step's ops)
+_PRIM_DEVICE = getattr(getattr(torch.ops.prim, "device", None), "default", None)
 _METADATA_OPS = {
+    _PRIM_DEVICE,
     torch.ops.aten.detach.default,
     torch.ops.aten.alias.default,
     torch.ops.aten.lift_fresh.default,
@@ -247,8 +252,6 @@ _METADATA_OPS = {
     torch.ops.aten._unsafe_view.default,  # a view torch does not mark as one: no byte is read or written
     torch.ops.aten.set_.source_Storage_storage_offset,
 }
-# `tensor.device` on a fake tensor dispatches prim::device, no kernel on a real one (5652 of a BERT step's 6500 ops)
-_METADATA_OPS |= {torch.ops.prim.device.default} if hasattr(torch.ops.prim, "device") else set()
 
 
 def trace_step(make_workload: Callable[[], Workload], ctx: SetupContext, fake: bool = True,
@@ -271,8 +274,7 @@ def trace_step(make_workload: Callable[[], Workload], ctx: SetupContext, fake: b
     start = time.monotonic()
     fake_mode = torch_internals.fake_mode() if fake else None
     flops = FlopCounterMode(display=False)
-    if hasattr(flops, "mod_tracker"):  # torch >= 2.4: per-module attribution, which the trace does not use
-        flops.mod_tracker = _GlobalOnly()
+    torch_internals.without_module_tracker(flops)
     counter = _StepCounter(flops, fake_mode)
     if ctx.device.type == "cpu" and not cuda_optimizers:
         counter.fresh_mapping_bytes = fresh_mapping_bytes
@@ -303,27 +305,6 @@ def trace_step(make_workload: Callable[[], Workload], ctx: SetupContext, fake: b
         events=tracker.events, trace_s=time.monotonic() - start, host_bytes=int(host),
         host_s=float(workload.host_seconds()), products=counter.products, measured_products=measured_from,
     )
-
-
-class _GlobalOnly:
-    """Stands in for FlopCounterMode's ModuleTracker: every FLOP counted under "Global" (the trace reads totals only).
-
-    ModuleTracker puts a torch.autograd.graph.register_multi_grad_hook on every module's inputs and outputs; each
-    hook's closure holds the grad_fns it waits for, and the grad_fns hold the hook: a reference cycle. Under a
-    non-reentrant checkpoint the modules run again in the backward pass, and the recomputed graph, which is never
-    run backward and so never releases what it saved, then stays alive with its saved activations until Python's
-    cyclic garbage collector happens to run. The trace saw those activations as live, a predicted peak above plain
-    training's (the figures: docs/benchmarks.md "Figures behind design choices").
-    Known upstream: pytorch/pytorch#139214 (hooks registered again during checkpoint recomputation).
-    """
-
-    parents = {"Global"}
-
-    def __enter__(self) -> "_GlobalOnly":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        return None
 
 
 def _track_state(tracker: Any, workload: Workload) -> Tuple[int, int]:
