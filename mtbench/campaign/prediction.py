@@ -1,11 +1,9 @@
 """The predictor's max batch for the guided search (`mtbench maxbatch --search guided`), traced in processes beside."""
 from __future__ import annotations
 
-import multiprocessing
+import functools
 import os
 from typing import Any, Dict, List, NamedTuple, Optional, Tuple, Union
-
-from mtbench.errors import UsageError
 
 MAX_TRACERS = 2  # traces side by side: each is one busy Python thread; the search's rounds hold two batches
 
@@ -16,14 +14,6 @@ class Prediction(NamedTuple):
     # the trace's growth of training memory per sample at the answer: the smaller of its growth to the next batch
     # traced above the answer and its growth from the smallest batch traced (None: none traced on either side)
     growth_bytes: Optional[float] = None
-
-
-class _TraceFailed(Exception):
-    """A trace that raised in a tracer process (its type and first line)."""
-
-
-class _TracerDied(Exception):
-    """A tracer process that ended before it answered (the OOM killer, a signal)."""
 
 
 def predicted_max_batch(model: str, target: str, overrides: List[str], anchor: int,
@@ -42,69 +32,40 @@ def predicted_max_batch(model: str, target: str, overrides: List[str], anchor: i
     The search's rounds then trace their batches side by side (maxsearch.largest_batch with width=2: the guess and
     the batch 1 % above it in the time of one trace)."""
     from mtbench.predict.maxsearch import largest_batch
+    from mtbench.predict.tracers import TraceFailed, TracerDied, Tracers
 
     width = max(1, min(MAX_TRACERS, len(os.sched_getaffinity(0))))
-    context = multiprocessing.get_context("fork")
-    tracers: List[Tuple[Any, Any]] = []
     try:
-        for i in range(width):
-            here, there = context.Pipe()
-            proc = context.Process(target=_tracer, args=(there, model, target, overrides),
-                                   name=f"mtbench-predict-{i}")
-            proc.start()
-            there.close()
-            tracers.append((proc, here))
-        answers = [_receive(proc, conn) for proc, conn in tracers]  # each: its budget, once its Predictor exists
-        kind, budget = answers[0]
-        if kind == "usage":
-            raise UsageError(budget)
-        if budget is None:
-            return Prediction(None, "target none has no memory budget")
+        with Tracers(functools.partial(_predictor, target, overrides), width) as tracers:
+            if tracers.budget is None:
+                return Prediction(None, "target none has no memory budget")
+            shift: List[int] = []  # measured less predicted at the measured batch, once known
+            seen: Dict[int, int] = {}  # every batch traced, its peak
 
-        shift: List[int] = []  # measured less predicted at the measured batch, once known
-        seen: Dict[int, int] = {}  # every batch traced, its peak
+            def peaks(batches: List[int]) -> List[Union[int, BaseException]]:
+                if measured is None:
+                    return traced(batches)
+                extra = [] if shift or measured[0] in batches else [measured[0]]
+                out = traced(batches + extra)
+                if not shift:
+                    at = out[(batches + extra).index(measured[0])]
+                    if isinstance(at, BaseException):
+                        raise at
+                    shift.append(measured[1] - int(at))
+                return [p if isinstance(p, BaseException) else int(p) + shift[0] for p in out[:len(batches)]]
 
-        def peaks(batches: List[int]) -> List[Union[int, BaseException]]:
-            if measured is None:
-                return traced(batches)
-            extra = [] if shift or measured[0] in batches else [measured[0]]
-            out = traced(batches + extra)
-            if not shift:
-                at = out[(batches + extra).index(measured[0])]
-                if isinstance(at, BaseException):
-                    raise at
-                shift.append(measured[1] - int(at))
-            return [p if isinstance(p, BaseException) else int(p) + shift[0] for p in out[:len(batches)]]
+            def traced(batches: List[int]) -> List[Union[int, BaseException]]:
+                out = tracers.peaks(model, batches)
+                seen.update((b, int(p)) for b, p in zip(batches, out) if not isinstance(p, BaseException))
+                return out
 
-        def traced(batches: List[int]) -> List[Union[int, BaseException]]:
-            for i, batch in enumerate(batches):
-                tracers[i % width][1].send(batch)
-            answers = [_receive(*tracers[i % width]) for i in range(len(batches))]
-            usage = next((value for kind, value in answers if kind == "usage"), None)
-            if usage is not None:
-                raise UsageError(usage)
-            seen.update((b, int(value)) for b, (kind, value) in zip(batches, answers) if kind == "ok")
-            return [value if kind == "ok" else _TraceFailed(value) for kind, value in answers]
-
-        best, why, _ = largest_batch(peaks, int(budget), anchor, width=width)
-        if shift and measured is not None:
-            why += (f" (each prediction shifted by {shift[0] / 2**20:+.1f} MiB: the probe at batch {measured[0]} "
-                    "measured that beyond it)")
-        return Prediction(best, why, _growth(seen, best))
-    except (_TracerDied, _TraceFailed) as exc:  # no tracer, or the model cannot be traced: the full search needs none
+            best, why, _ = largest_batch(peaks, int(tracers.budget), anchor, width=width)
+    except (TracerDied, TraceFailed) as exc:  # no tracer, or the model cannot be traced: the full search needs none
         return Prediction(None, f"no prediction ({exc}); the full search runs instead")
-    finally:
-        for proc, conn in tracers:
-            try:
-                conn.send(None)  # done
-            except OSError:
-                pass
-            conn.close()
-        for proc, _ in tracers:
-            proc.join(10)
-            if proc.is_alive():
-                proc.kill()
-                proc.join()
+    if shift and measured is not None:
+        why += (f" (each prediction shifted by {shift[0] / 2**20:+.1f} MiB: the probe at batch {measured[0]} "
+                "measured that beyond it)")
+    return Prediction(best, why, _growth(seen, best))
 
 
 def _growth(seen: Dict[int, int], best: int) -> Optional[float]:
@@ -120,38 +81,10 @@ def _growth(seen: Dict[int, int], best: int) -> Optional[float]:
     return growth if growth > 0 else None
 
 
-def _receive(proc: Any, conn: Any) -> Tuple[str, Any]:
-    try:
-        return conn.recv()
-    except EOFError:
-        proc.join()
-        raise _TracerDied(f"its process ended with exit code {proc.exitcode}") from None
-
-
-def _tracer(conn: Any, model: str, target: str, overrides: List[str]) -> None:
-    """A tracer process: its budget first ("ready"), then a peak (or why not) for each batch it is sent; None ends."""
+def _predictor(target: str, overrides: List[str]) -> Any:
+    """The Predictor of the probes' overrides (made in each tracer process)."""
     from mtbench.predict.predictor import Predictor
 
     device = next((o.split("=", 1)[1] for o in reversed(overrides) if o.startswith("device=")), "auto")
     rest = [o for o in overrides if not o.startswith(("target=", "device="))]
-    try:
-        predictor = Predictor(target_name=target, device=device, overrides=tuple(rest))
-    except UsageError as exc:
-        conn.send(("usage", str(exc)))
-        return
-    conn.send(("ready", predictor.target.memory_budget_bytes))
-    while True:
-        batch = conn.recv()
-        if batch is None:
-            break
-        try:
-            peak = predictor.peak_or_error(model, batch)
-        except UsageError as exc:  # a bad override the config meets at the first trace
-            conn.send(("usage", str(exc)))
-            continue
-        if isinstance(peak, Exception):
-            msg = str(peak).splitlines()[0] if str(peak) else ""
-            conn.send(("error", f"{type(peak).__name__}: {msg}"))
-        else:
-            conn.send(("ok", peak))
-    conn.close()
+    return Predictor(target_name=target, device=device, overrides=tuple(rest))

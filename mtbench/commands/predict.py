@@ -102,22 +102,45 @@ def run(args: argparse.Namespace) -> int:
     out_dir = writable_folder(Path(own.get("out") or dated_dir("predict")), "out=")
     predictor = Predictor(target_name=target, device=own.get("device", "auto"), overrides=tuple(rest),
                           calibration_path=own.get("calibration"))
-    rows = run_predictions(predictor, models, batches, want_max)
+    beside = _tracers(predictor) if want_max else None
+    try:
+        rows = run_predictions(predictor, models, batches, want_max, beside)
+    finally:
+        if beside is not None:
+            beside.close()
     print_table(rows, predictor)
     write(rows, out_dir)
     print(f"results in {out_dir} (predict.json, predict.csv)")
     return 0
 
 
-def run_predictions(predictor, models: List[str], batches: List[int], want_max: bool) -> list:
-    """One row per model and batch (with a progress bar on a terminal: tracing a model takes seconds)."""
+def _tracers(predictor):
+    """A tracer process beside this one for the max-batch searches (their rounds trace two batches), forked before
+    this process traces; None where the target has no budget, one core is usable, or it cannot run autograd."""
+    import os
+
+    from mtbench.predict.tracers import TracerDied, Tracers, warm_imports
+
+    if predictor.target.memory_budget_bytes is None or len(os.sched_getaffinity(0)) < 2:
+        return None
+    warm_imports()  # once here rather than in each process
+    try:
+        return Tracers(lambda: predictor, 1)
+    except TracerDied:  # autograd ran in this process already (a caller's): the searches trace here
+        return None
+
+
+def run_predictions(predictor, models: List[str], batches: List[int], want_max: bool, beside=None) -> list:
+    """One row per model and batch (with a progress bar on a terminal: tracing a model takes seconds); `beside`:
+    tracers.Tracers for the max-batch searches."""
     from mtbench.results.live import WorkProgress
 
     with WorkProgress("predicting", len(models) * len(batches)) as progress:
-        return _run_predictions(predictor, models, batches, want_max, progress)
+        return _run_predictions(predictor, models, batches, want_max, progress, beside)
 
 
-def _run_predictions(predictor, models: List[str], batches: List[int], want_max: bool, progress) -> list:
+def _run_predictions(predictor, models: List[str], batches: List[int], want_max: bool, progress,
+                     beside=None) -> list:
     from mtbench.predict.predictor import failed
 
     rows = []
@@ -136,7 +159,7 @@ def _run_predictions(predictor, models: List[str], batches: List[int], want_max:
             try:
                 progress.note(f"{model}: the largest batch within the budget")
                 anchor = max(r.batch_size for r in rows if r.model == model and r.error is None)
-                best, note = predictor.max_batch(model, anchor)
+                best, note = predictor.max_batch(model, anchor, beside)
             except Exception as exc:
                 best, note = None, f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
             for row in rows:

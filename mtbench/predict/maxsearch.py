@@ -28,7 +28,8 @@ def largest_batch(peaks: Peaks, budget: int, anchor: int, width: int = 1,
 
     `guess` = (the anchor's peak, already known, and a first guess at the answer: the predictor's, from the anchor's
     breakdown into a fixed part and a part per sample): the first round traces the guess (and the batch 1 % above
-    it where it fits), so a model whose peak is affine in the batch is answered in about two traces. Where both
+    it: one at a time where the guess fits; side by side in the same round, the batch below the guess with it
+    instead where the anchor is above the guess), so a model whose peak is affine in the batch is answered in about two traces. Where both
     ends known do not fit, the next guess follows the line through the two smallest downwards to the budget.
     """
     known: Dict[int, Optional[int]] = {}  # batch -> predicted peak (None: it could not be traced)
@@ -39,6 +40,11 @@ def largest_batch(peaks: Peaks, budget: int, anchor: int, width: int = 1,
     if guess is not None:
         known[anchor] = int(guess[0])
         first = [max(1, min(limit, int(guess[1])))]
+        if width > 1:  # side by side, a neighbour 1 % away in the same round: a right guess ends the search
+            g = first[0]
+            # from an anchor above it the guess errs high (the anchor's fixed part, under-stated, leaves more to
+            # each sample), so the neighbour is the batch below, whose batch 1 % above is the guess
+            first = [g - max(1, g // 101), g] if anchor > g > 1 else [g, g + max(1, g // 100)]
 
     def ask(batches: List[int]) -> None:
         nonlocal rounds

@@ -1,6 +1,7 @@
 """Predict one job (model, batch, target): peak memory split into tensors and runtime, FLOPs, step time, max batch."""
 from __future__ import annotations
 
+import copy
 import json
 from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Set, Tuple, Union
@@ -16,6 +17,7 @@ from mtbench.predict.non_tensor import (DEFAULT_NON_TENSOR_BYTES_CPU, DEFAULT_NO
                                          cuda_non_tensor_bytes)
 from mtbench.predict.batches import trace_takes, with_batches
 from mtbench.predict.trace import StepTrace, breakdown, trace_step, transient_bytes
+from mtbench.predict.tracers import side_by_side
 
 
 @dataclass
@@ -63,6 +65,7 @@ class Predictor:
     _traces: Dict[Tuple[Any, ...], Tuple[StepTrace, str]] = field(default_factory=dict)
     _padded: Set[Tuple[str, int]] = field(default_factory=set)  # jobs that pad each batch to its own length
     _job_data: Dict[str, Any] = field(default_factory=dict)  # each model's own data node (the batch changes nothing)
+    _composed: Dict[Tuple[Any, ...], Any] = field(default_factory=dict)  # a config as composed, at its first batch
 
     def __post_init__(self) -> None:
         from mtbench.device.budget import job_budget, target_from_cfg
@@ -115,12 +118,20 @@ class Predictor:
             composed = OmegaConf.create(OmegaConf.to_container(self.job_config, resolve=True))
             composed.batch = batch
             return composed
+        extra = self.overrides if extra is None else extra
+        key = (model, data, tuple(extra))
+        if key not in self._composed:  # composing takes a third of a second; only `batch` differs between batches
+            self._composed[key] = self._compose(model, batch, extra, data)
+        composed = copy.deepcopy(self._composed[key])
+        composed.batch = batch
+        return composed
+
+    def _compose(self, model: Optional[str], batch: int, extra: Sequence[str], data: Optional[str]) -> Any:
         from hydra import compose, initialize_config_dir
         from hydra.errors import HydraException
 
         from mtbench.config import conf_dir, group_options
 
-        extra = self.overrides if extra is None else extra
         overrides = [f"target={self.target_name}", f"batch={batch}", *([f"data={data}"] if data else []), *extra]
         if model is not None:
             if model not in group_options("model"):
@@ -323,13 +334,16 @@ class Predictor:
         return None, None, ("not calibrated, and target none has no peak figures: run a sweep here and "
                             "`mtbench calibrate DIR`")
 
-    def max_batch(self, model: str, anchor: int) -> Tuple[Optional[int], str]:
-        """The largest batch whose predicted peak fits the target's budget, to 1 % (maxsearch.largest_batch, one
-        trace at a time; `anchor` is a batch known to trace)."""
+    def max_batch(self, model: str, anchor: int, beside: Any = None) -> Tuple[Optional[int], str]:
+        """The largest batch whose predicted peak fits the target's budget, to 1 % (maxsearch.largest_batch; `anchor`
+        is a batch known to trace). One trace at a time, or with `beside` (tracers.Tracers forked from this Predictor
+        before it traced) each round's batches side by side: the first here, the others there."""
         budget = self.target.memory_budget_bytes
         if budget is None:
             return None, "target none has no memory budget"
-        best, why, _ = largest_batch(lambda batches: [self.peak_or_error(model, b) for b in batches], budget, anchor,
+        peaks = side_by_side(lambda b: self.peak_or_error(model, b), model, beside)
+        width = 1 + (len(beside) if beside is not None else 0)
+        best, why, _ = largest_batch(peaks, budget, anchor, width=width,
                                      guess=self._first_guess(model, anchor, budget))
         return best, why
 
