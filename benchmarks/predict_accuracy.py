@@ -27,8 +27,9 @@ models only calibrate (profiled jobs: their ops.csv gives the per-op times of th
 4. Speed: BERT at batch 64 predicted in a fresh process: wall time (goal <= 10 s) and peak resident memory
    (goal <= 1 GB), also printed less the process's memory after importing torch (the predictor's own part); then
    the whole command as a user types it, `python -m mtbench predict model=bert batch=64 target=tx2`, twice, timed by
-   GNU time (`/usr/bin/time`: its maximum resident is the command's own, started from GNU time's small process, not
-   from this one's; where GNU time is not installed, the line says so).
+   GNU time (`/usr/bin/time`: its maximum resident is the command's largest process's, started from GNU time's small
+   process, not from this one's; where GNU time is not installed, the line says so), and the largest sum of the PSS
+   of its processes (the command forks a tracer process, whose pages are largely the command's), sampled.
 """
 from __future__ import annotations
 
@@ -67,6 +68,29 @@ print(wall, peak, base, p.tensors_bytes, p.flops)
 """
 
 
+def _largest_summed_pss(proc: subprocess.Popen) -> int:
+    """The largest sum of PSS (a shared page counted once over its sharers) over `proc`'s descendants while it runs:
+    the command and the tracer process it forks, whose pages are largely its parent's."""
+    import psutil
+
+    largest = 0
+    try:
+        top = psutil.Process(proc.pid)
+    except psutil.NoSuchProcess:
+        return 0
+    while proc.poll() is None:
+        total = 0
+        try:
+            for child in top.children(recursive=True):
+                with contextlib.suppress(psutil.Error):
+                    total += child.memory_full_info().pss
+        except psutil.Error:
+            break
+        largest = max(largest, total)
+        time.sleep(0.1)
+    return largest
+
+
 def command_as_typed(runs: int = 2) -> None:
     """`python -m mtbench predict model=bert batch=64 target=tx2` as typed, in an empty folder, under GNU time."""
     argv = ["predict", "model=bert", "batch=64", "target=tx2"]
@@ -75,8 +99,12 @@ def command_as_typed(runs: int = 2) -> None:
         return
     for _ in range(runs):
         with tempfile.TemporaryDirectory() as here:
-            out = subprocess.run(["/usr/bin/time", "-f", "%e %M", sys.executable, "-m", "mtbench", *argv],
-                                 capture_output=True, text=True, cwd=here, env={**os.environ, "PYTHONPATH": str(REPO)})
+            proc = subprocess.Popen(["/usr/bin/time", "-f", "%e %M", sys.executable, "-m", "mtbench", *argv],
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=here,
+                                    env={**os.environ, "PYTHONPATH": str(REPO)})
+            pss = _largest_summed_pss(proc)
+            stdout, stderr = proc.communicate()
+        out = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
         lines = out.stderr.strip().splitlines()  # the command's own lines, then GNU time's
         words = lines[-1].split() if lines else []
         if out.returncode != 0 or len(words) != 2:
@@ -84,7 +112,8 @@ def command_as_typed(runs: int = 2) -> None:
             return
         warned = lines[:-1]  # the command writes nothing else there: any line is a warning
         print(f"speed, `mtbench {' '.join(argv)}` as typed: {float(words[0]):.2f} s (goal <= 10), maximum resident "
-              f"{int(words[1]):,} KiB = {int(words[1]) * 1024 / 1e9:.2f} GB (goal <= 1), "
+              f"{int(words[1]):,} KiB = {int(words[1]) * 1024 / 1e9:.2f} GB (goal <= 1; its largest process), "
+              f"its processes' summed PSS at most {pss / 1e9:.2f} GB (sampled every 0.1 s), "
               f"{'on stderr: ' + ' | '.join(warned) if warned else 'no warning on the console'}")
 
 
