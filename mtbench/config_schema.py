@@ -268,6 +268,12 @@ def choice(key: str, value: Any, allowed: Any) -> str:
     return str(value)
 
 
+def last_override(overrides: List[str], key: str, default: str) -> str:
+    """The value `key=` takes among command-line overrides: the last one given wins, as Hydra composes them (a
+    config group's too); `default` where none sets it."""
+    return next((o.split("=", 1)[1] for o in reversed(overrides) if o.startswith(key + "=")), default)
+
+
 def override_values(override: Any) -> Optional[List[Any]]:
     """Every value a parsed override stands for (a sweep expanded), or None where it cannot be listed (glob)."""
     if not override.is_sweep_override():

@@ -14,6 +14,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from mtbench.campaign.prediction import predicted_max_batch
 from mtbench import interpreter
+from mtbench.config_schema import last_override
 from mtbench.errors import UsageError
 from mtbench.predict.fit import measured_training_bytes
 from mtbench.predict.maxsearch import FIRST_FACTORS
@@ -207,7 +208,7 @@ def guided(model: str, target: str, overrides: List[str], fits_at: Callable[[int
         measured = (small, first.training_bytes) if first.training_bytes is not None else None
         predicted, why, growth = predicted_max_batch(model, target, overrides, args.start, measured)
     print(f"    predicted max batch: {predicted if predicted else why + ': the full search runs'}", flush=True)
-    plan = next((o.split("=", 1)[1] for o in reversed(overrides) if o.startswith("memory.plan=")), "none")
+    plan = last_override(overrides, "memory.plan", "none")
     if args.confirm_above or plan != "none":  # a plan (auto) may train a larger batch another way, in less memory
         growth = None
     find = functools.partial(search, start=args.start)

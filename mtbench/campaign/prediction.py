@@ -5,6 +5,8 @@ import functools
 import os
 from typing import Any, Dict, List, NamedTuple, Optional, Tuple, Union
 
+from mtbench.config_schema import last_override
+
 MAX_TRACERS = 2  # traces side by side: each is one busy Python thread; the search's rounds hold two batches
 
 
@@ -85,6 +87,6 @@ def _predictor(target: str, overrides: List[str]) -> Any:
     """The Predictor of the probes' overrides (made in each tracer process)."""
     from mtbench.predict.predictor import Predictor
 
-    device = next((o.split("=", 1)[1] for o in reversed(overrides) if o.startswith("device=")), "auto")
+    device = last_override(overrides, "device", "auto")
     rest = [o for o in overrides if not o.startswith(("target=", "device="))]
     return Predictor(target_name=target, device=device, overrides=tuple(rest))

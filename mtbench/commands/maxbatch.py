@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Callable, List, Optional
 
 from mtbench.campaign.maxbatch import PROBE, SCHEMA, Probe, Search, _models, default_prober, guided, search
+from mtbench.config_schema import last_override
 from mtbench.errors import UsageError
 from mtbench.results.files import atomic_write
 
@@ -76,9 +77,9 @@ def run(args: argparse.Namespace, prober: Optional[Callable[[List[str], int, Pat
     models = _models(args.overrides, args.multirun)
     check_overrides((["-m"] if args.multirun else []) + args.overrides)
     fixed = [o for o in args.overrides if not o.startswith("model=")]
-    target = next((o.split("=", 1)[1] for o in fixed if o.startswith("target=")), "none")
+    target = last_override(fixed, "target", "none")
     # memory.plan=X (not none): each model is searched with memory.plan=none and with X, side by side
-    plan = next((o.split("=", 1)[1] for o in fixed if o.startswith("memory.plan=")), "none")
+    plan = last_override(fixed, "memory.plan", "none")
     fixed = [o for o in fixed if not o.startswith("memory.plan=")]
     plans = ["none"] if plan == "none" else ["none", plan]
     if target == "none" and not any(o.startswith(("memory.budget_gb=", "target.memory_budget_bytes="))

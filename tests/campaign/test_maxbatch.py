@@ -242,3 +242,27 @@ def test_an_output_folder_it_cannot_write_is_refused_before_the_first_probe(tmp_
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1, err
     assert err.startswith(f"mtbench: error: --out '{out}' is not a folder this user can write")
+
+
+def test_a_key_given_twice_takes_the_last_value_as_the_jobs_config_does(tmp_path, monkeypatch):
+    """Hydra composes the last of two `target=` (and `memory.plan=`): the search predicts, tells and records the
+    target its probes train under, not the first one given."""
+    asked = []
+
+    def predicted(model, target, overrides, anchor, measured):
+        asked.append((target, tuple(overrides)))
+        return 39, "", None
+
+    monkeypatch.setattr(maxbatch, "predicted_max_batch", predicted)
+    seen = []
+
+    def prober(overrides, batch, out_dir: Path) -> Probe:
+        seen.append(tuple(overrides))
+        return fake_board(40)(batch)
+
+    code = maxbatch_command.main(["model=alexnet", "target=tx2", "device=cpu", "target=nano", "--search", "guided",
+                                  "memory.plan=recompute", "memory.plan=none", "--out", str(tmp_path)], prober=prober)
+    doc = json.loads((tmp_path / "maxbatch.json").read_text())
+    assert code == 0 and asked and asked[0][0] == "nano", asked
+    assert doc["target"] == "nano" and len(doc["models"]) == 1, doc  # memory.plan=none: plain training alone
+    assert all("memory.plan=recompute" not in o for o in seen), seen
