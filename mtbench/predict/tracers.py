@@ -8,6 +8,11 @@ from typing import Any, Callable, List, Optional, Tuple, Union
 from mtbench.errors import UsageError
 
 
+# a tracer answers at once that it is ready (it runs one small backward first); one that does not is stuck, e.g. on a
+# lock another thread held when it was forked
+READY_TIMEOUT_S = 120.0
+
+
 class TraceFailed(Exception):
     """A trace that raised in a tracer process (its type and first line)."""
 
@@ -49,7 +54,7 @@ class Tracers:
                 proc.start()
                 there.close()
                 self._procs.append((proc, here))
-            answers = [self._receive(i) for i in range(count)]  # each: its budget, once its Predictor exists
+            answers = [self._receive(i, READY_TIMEOUT_S) for i in range(count)]  # each: its budget, once ready
         except BaseException:
             self.close()
             raise
@@ -96,8 +101,11 @@ class Tracers:
             out.extend(self.collect(len(part)))
         return out
 
-    def _receive(self, i: int) -> Tuple[str, Any]:
+    def _receive(self, i: int, timeout_s: Optional[float] = None) -> Tuple[str, Any]:
         proc, conn = self._procs[i]
+        if timeout_s is not None and not conn.poll(timeout_s):
+            proc.kill()
+            raise TracerDied(f"it did not start within {timeout_s:g} s")
         try:
             return conn.recv()
         except EOFError:

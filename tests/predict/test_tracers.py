@@ -113,3 +113,25 @@ def test_a_tracer_killed_mid_trace_has_its_batches_traced_here(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     side, one = json.loads(proc.stdout.strip().splitlines()[-1])
     assert side == one and one[0] > 2, (side, one)
+
+
+_STUCK = """
+import json, multiprocessing, time
+from mtbench.predict import tracers
+
+tracers.READY_TIMEOUT_S = 2.0
+start = time.monotonic()
+try:  # a tracer stuck before it is ready (a lock another thread held at the fork): killed, and said so
+    tracers.Tracers(lambda: time.sleep(600), 1)
+    said = None
+except tracers.TracerDied as exc:
+    said = str(exc)
+print(json.dumps([said, time.monotonic() - start, len(multiprocessing.active_children())]))
+"""
+
+
+def test_a_tracer_that_never_gets_ready_is_killed_and_said_so():
+    proc = subprocess.run([sys.executable, "-c", _STUCK], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    said, took, alive = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert said == "it did not start within 2 s" and took < 30 and alive == 0, (said, took, alive)
