@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import ctypes
+import os
 import sys
-from typing import Dict, Optional
+import threading
+from typing import Dict, List, Optional
 
 
 class _Mallinfo2(ctypes.Structure):
@@ -34,7 +36,31 @@ def _glibc_bytes_in_use(libc: ctypes.CDLL) -> int:
     return (got.uordblks + got.hblkhd) % 2**32
 
 
+_PROBING = threading.Lock()  # one probe at a time: two threads' probes, interleaved, hide each other's block
+_FOUND: List[ctypes.CDLL] = []  # glibc, once a probe found it the process's malloc (that does not change)
+
+
+def _unlocked_in_child() -> None:
+    global _PROBING
+    _PROBING = threading.Lock()  # a thread that held it at the fork is not in the child
+
+
+os.register_at_fork(after_in_child=_unlocked_in_child)
+
+
 def glibc_malloc() -> Optional[ctypes.CDLL]:
+    """glibc, where its malloc is this process's (`_probe_glibc_malloc` says how that is asked); one thread asks at
+    a time, and the answer is kept once glibc is found."""
+    with _PROBING:
+        if not _FOUND:
+            libc = _probe_glibc_malloc()
+            if libc is None:  # asked again next time: a free in another thread can hide every probe's block
+                return None
+            _FOUND.append(libc)
+        return _FOUND[0]
+
+
+def _probe_glibc_malloc() -> Optional[ctypes.CDLL]:
     """glibc, where its malloc is this process's; None where another allocator was put in front of it (LD_PRELOAD
     of jemalloc or tcmalloc, common in CPU images: glibc's mallopt would answer 1 and change nothing) or no glibc.
 

@@ -139,3 +139,32 @@ INTERRUPT = textwrap.dedent("""
 def test_an_interrupt_during_the_probe_is_raised_once_its_thread_is_done():
     # raised at once, the thread would still be in torch's kernels when the interpreter exits: the process aborts
     assert _run(INTERRUPT) == "20 False"
+
+
+THREADS = textwrap.dedent("""
+    import threading
+    from mtbench.device import glibc
+    start = threading.Barrier(4)
+    found = []
+
+    def ask():
+        start.wait()
+        for _ in range(100):
+            found.append(glibc.glibc_malloc() is not None)
+
+    threads = [threading.Thread(target=ask) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    print(sum(found), len(found))
+""")
+
+
+@pytest.mark.slow
+@run_if(linux=True, why="glibc's malloc: Linux only")
+def test_threads_that_ask_at_once_each_find_glibc():
+    """The probe reads glibc's count of what it hands out around a block of its own; a probe in another thread that
+    frees its block between the two reads hid it (12 of 400 answers None with four threads, the failure the arena
+    test above met under load): one thread probes at a time."""
+    assert _run(THREADS) == "400 400"
