@@ -206,7 +206,8 @@ def guided(model: str, target: str, overrides: List[str], fits_at: Callable[[int
     predicted, why, growth = None, f"the probe at batch {small} did not fit ({first.kind})", None
     if first.fits:
         measured = (small, first.training_bytes) if first.training_bytes is not None else None
-        predicted, why, growth = predicted_max_batch(model, target, overrides, args.start, measured)
+        # traced as the probes run: their steps hold as many prepared batches as they run steps, not the config's 8
+        predicted, why, growth = predicted_max_batch(model, target, [*overrides, *PROBE], args.start, measured)
     print(f"    predicted max batch: {predicted if predicted else why + ': the full search runs'}", flush=True)
     plan = last_override(overrides, "memory.plan", "none")
     if args.confirm_above or plan != "none":  # a plan (auto) may train a larger batch another way, in less memory
