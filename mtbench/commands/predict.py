@@ -102,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
     out_dir = writable_folder(Path(own.get("out") or dated_dir("predict")), "out=")
     predictor = Predictor(target_name=target, device=own.get("device", "auto"), overrides=tuple(rest),
                           calibration_path=own.get("calibration"))
-    beside = _tracers(predictor) if want_max else None
+    beside = _tracers(predictor, models) if want_max else None
     try:
         rows = run_predictions(predictor, models, batches, want_max, beside)
     finally:
@@ -114,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _tracers(predictor):
+def _tracers(predictor, models: List[str]):
     """A tracer process beside this one for the max-batch searches (their rounds trace two batches), forked before
     this process traces; None where the target has no budget, one core is usable, or it cannot run autograd."""
     import os
@@ -124,6 +124,8 @@ def _tracers(predictor):
     if predictor.target.memory_budget_bytes is None or len(os.sched_getaffinity(0)) < 2:
         return None
     warm_imports()  # once here rather than in each process
+    for model in models:
+        predictor.prepare(model)  # its configs, composed here for both processes
     try:
         return Tracers(lambda: predictor, 1)
     except TracerDied:  # autograd ran in this process already (a caller's): the searches trace here

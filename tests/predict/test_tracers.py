@@ -135,3 +135,22 @@ def test_a_tracer_that_never_gets_ready_is_killed_and_said_so():
     assert proc.returncode == 0, proc.stderr[-2000:]
     said, took, alive = json.loads(proc.stdout.strip().splitlines()[-1])
     assert said == "it did not start within 2 s" and took < 30 and alive == 0, (said, took, alive)
+
+
+@needs_predictor
+def test_a_prepared_model_is_traced_without_composing_its_configs_again(monkeypatch, tmp_path):
+    """`mtbench predict` composes each model's configs before it forks its tracer, so that neither process composes
+    them at its first trace (a third of a second each on this project's VM)."""
+    from mtbench.predict import calibration
+    from mtbench.predict.predictor import Predictor
+
+    monkeypatch.setenv(calibration.ENV_DIR, str(tmp_path))
+    predictor = Predictor(target_name="nano", device="cpu", overrides=("model.workload.ngf=4", "model.workload.ndf=4"))
+    predictor.prepare("dcgan")
+    composed = []
+    real = Predictor._compose
+    monkeypatch.setattr(Predictor, "_compose", lambda self, *a: composed.append(a) or real(self, *a))
+    first = predictor.predict("dcgan", 2, timed=False)
+    assert composed == [] and first.peak_bytes > 0
+    # the batch is the one asked for, not the one the config was composed at
+    assert predictor.compose("dcgan", 5).batch == 5 and predictor.compose("dcgan", 2).batch == 2 and composed == []
