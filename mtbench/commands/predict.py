@@ -101,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
     # the scheme of docs/results.md; refused before the traces where it cannot take the results
     out_dir = writable_folder(Path(own.get("out") or dated_dir("predict")), "out=")
     predictor = Predictor(target_name=target, device=own.get("device", "auto"), overrides=tuple(rest),
-                          calibration_path=own.get("calibration"))
+                          calibration_path=own.get("calibration"), first_model=models[0])
     beside = _tracers(predictor, models) if want_max else None
     try:
         rows = run_predictions(predictor, models, batches, want_max, beside)

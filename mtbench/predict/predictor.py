@@ -62,6 +62,7 @@ class Predictor:
     calibration_path: Optional[str] = None  # a calibration file instead of the stored one for this target and device
     stored_calibration: bool = True  # False: no calibration, and the trace models this host's cache (calibrate's use)
     job_config: Any = None  # a job's composed config: predict that job at other batches (the planner's use)
+    first_model: Optional[str] = None  # the model traced first, where known: its config, composed now, is kept
     _traces: Dict[Tuple[Any, ...], Tuple[StepTrace, str]] = field(default_factory=dict)
     _padded: Set[Tuple[str, int]] = field(default_factory=set)  # jobs that pad each batch to its own length
     _job_data: Dict[str, Any] = field(default_factory=dict)  # each model's own data node (the batch changes nothing)
@@ -71,7 +72,8 @@ class Predictor:
         from mtbench.device.budget import job_budget, target_from_cfg
         from mtbench.device.peak import measured_cpu_malloc
 
-        cfg = self.compose(None, 1, [o for o in self.overrides if o.startswith(("target.", "memory."))])
+        cfg = self.compose(self.first_model, 1) if self.first_model else \
+            self.compose(None, 1, [o for o in self.overrides if o.startswith(("target.", "memory."))])
         self.target = target_from_cfg(cfg)
         memory = cfg.get("memory") or {}
         # the malloc a CPU job's training memory is measured under with this config
