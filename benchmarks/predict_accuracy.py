@@ -120,12 +120,16 @@ def command_as_typed(runs: int = 2) -> None:
         return
     for _ in range(runs):
         with tempfile.TemporaryDirectory() as here:
-            proc = subprocess.Popen(["/usr/bin/time", "-f", "%e %M", sys.executable, "-m", "mtbench", *argv],
-                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=here,
-                                    env={**os.environ, "PYTHONPATH": str(REPO)})
-            pss = _largest_summed_pss(proc)
-            stdout, stderr = proc.communicate()
-        out = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+            # its output into files, not pipes this process would read only at the end (a full pipe blocks it)
+            with open(os.path.join(here, "out"), "w+") as stdout, open(os.path.join(here, "err"), "w+") as stderr:
+                proc = subprocess.Popen(["/usr/bin/time", "-f", "%e %M", sys.executable, "-m", "mtbench", *argv],
+                                        stdout=stdout, stderr=stderr, cwd=here,
+                                        env={**os.environ, "PYTHONPATH": str(REPO)})
+                pss = _largest_summed_pss(proc)
+                proc.wait()
+                stdout.seek(0)
+                stderr.seek(0)
+                out = subprocess.CompletedProcess(proc.args, proc.returncode, stdout.read(), stderr.read())
         lines = out.stderr.strip().splitlines()  # the command's own lines, then GNU time's
         words = lines[-1].split() if lines else []
         if out.returncode != 0 or len(words) != 2:
@@ -134,7 +138,9 @@ def command_as_typed(runs: int = 2) -> None:
         warned = lines[:-1]  # the command writes nothing else there: any line is a warning
         print(f"speed, `mtbench {' '.join(argv)}` as typed: {float(words[0]):.2f} s (goal <= 10), maximum resident "
               f"{int(words[1]):,} KiB = {int(words[1]) * 1024 / 1e9:.2f} GB (goal <= 1; its largest process), "
-              f"its processes' summed PSS at most {pss / 1e9:.2f} GB (sampled every 0.2 s), "
+              f"its processes' summed PSS at most "
+              f"{f'{pss / 1e9:.2f} GB' if pss else 'n/a (no /proc/PID/smaps_rollup or task children here)'} "
+              f"(sampled every 0.2 s), "
               f"{'on stderr: ' + ' | '.join(warned) if warned else 'no warning on the console'}")
 
 

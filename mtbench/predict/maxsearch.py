@@ -29,8 +29,9 @@ def largest_batch(peaks: Peaks, budget: int, anchor: int, width: int = 1,
     `guess` = (the anchor's peak, already known, and a first guess at the answer: the predictor's, from the anchor's
     breakdown into a fixed part and a part per sample): the first round traces the guess (and the batch 1 % above
     it: one at a time where the guess fits; side by side in the same round, the batch below the guess with it
-    instead where the anchor is above the guess), so a model whose peak is affine in the batch is answered in about two traces. Where both
-    ends known do not fit, the next guess follows the line through the two smallest downwards to the budget.
+    instead where the anchor is above the guess), so a model whose peak is affine in the batch is answered in about
+    two traces. Where both ends known do not fit, the next guess follows the line through the two smallest downwards
+    to the budget.
     """
     known: Dict[int, Optional[int]] = {}  # batch -> predicted peak (None: it could not be traced)
     # side by side, the first round is 4 and 16 times the anchor: a small batch's peak bends below the line that

@@ -352,10 +352,10 @@ class Predictor:
         budget = self.target.memory_budget_bytes
         if budget is None:
             return None, "target none has no memory budget"
+        guess = self._first_guess(model, anchor, budget)
+        beside = beside if guess is not None else None  # no guess: one at a time from the anchor, not 4 and 16 x it
         peaks = side_by_side(lambda b: self.peak_or_error(model, b), model, beside)
-        width = 1 + (len(beside) if beside is not None else 0)
-        best, why, _ = largest_batch(peaks, budget, anchor, width=width,
-                                     guess=self._first_guess(model, anchor, budget))
+        best, why, _ = largest_batch(peaks, budget, anchor, width=1 + len(beside or ()), guess=guess)
         return best, why
 
     def _first_guess(self, model: str, anchor: int, budget: int) -> Optional[Tuple[int, int]]:

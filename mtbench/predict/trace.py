@@ -79,6 +79,9 @@ class _StepCounter(torch.utils._python_dispatch.TorchDispatchMode):
         super().__init__()
         self.flop_counter = flop_counter
         self.fake_mode = fake_mode
+        from torch._subclasses.fake_tensor import FakeTensor
+
+        self._fake_class = FakeTensor if fake_mode is not None else ()  # (): no tensor is one
         self.ops = 0
         self.bytes_moved = 0
         self.forward_flops = 0
@@ -159,7 +162,8 @@ class _StepCounter(torch.utils._python_dispatch.TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
 
-        if func is _PRIM_DEVICE and self.fake_mode is not None and not self.fake_mode.in_kernel_invocation:
+        if func is _PRIM_DEVICE and isinstance(args[0], self._fake_class) and \
+                not args[0].fake_mode.in_kernel_invocation:
             return args[0].fake_device  # as FakeTensor answers it, without the modes below: most of a step's ops
         kwargs = kwargs or {}
         before = self.flop_counter.get_total_flops()

@@ -38,12 +38,14 @@ class Tracers:
 
     Fork them before this process traces anything: a trace runs autograd, after which torch refuses autograd in every
     process that process forks ("Unable to handle autograd's threading in combination with fork-based
-    multiprocessing"); where that happened, TracerDied says so. Each tracer is one busy Python thread. `budget` is the memory budget of the tracers' target
-    (None: none). A tracer ignores SIGINT (the process that forked it says what stopped) and ends when this process
-    closes it or ends."""
+    multiprocessing"); where that happened, TracerDied says so. Each tracer is one busy Python thread. `budget` is
+    the memory budget of the tracers' target (None: none). A tracer ignores SIGINT (the process that forked it says
+    what stopped) and ends when this process closes it or ends. An answer never collected (the caller stopped
+    between `send` and `collect`) is read and dropped before the next request: answers never shift to later ones."""
 
     def __init__(self, make: Callable[[], Any], count: int) -> None:
         self._procs: List[Tuple[Any, Any]] = []
+        self._unread: List[int] = [0] * count  # each tracer's answers to requests not collected yet
         self.budget: Optional[int] = None
         context = multiprocessing.get_context("fork")
         try:
@@ -78,15 +80,22 @@ class Tracers:
         if len(batches) > len(self._procs):
             raise ValueError(f"{len(batches)} batches for {len(self._procs)} tracers")
         for i, batch in enumerate(batches):
+            while self._unread[i]:  # an answer the caller did not collect (it stopped between send and collect)
+                self._unread[i] -= 1
+                self._receive(i)
             try:
                 self._procs[i][1].send((model, batch))
             except OSError:  # its end closed: the process has ended
                 self._receive(i)  # raises TracerDied with its exit code
+            self._unread[i] += 1
 
     def collect(self, count: int) -> List[Union[int, BaseException]]:
         """The answers to the last `send` of `count` batches: a peak, or TraceFailed where the trace raised.
         Raises UsageError (a bad override the config meets at the first trace) and TracerDied."""
-        answers = [self._receive(i) for i in range(count)]
+        answers = []
+        for i in range(count):
+            self._unread[i] -= 1
+            answers.append(self._receive(i))
         usage = next((value for kind, value in answers if kind == "usage"), None)
         if usage is not None:
             raise UsageError(usage)
@@ -109,7 +118,10 @@ class Tracers:
         try:
             return conn.recv()
         except EOFError:
-            proc.join()
+            proc.join(10)
+            if proc.is_alive():  # its end closed, itself stopped or stuck at its exit
+                proc.kill()
+                proc.join()
             raise TracerDied(f"its process ended with exit code {proc.exitcode}") from None
 
     def close(self) -> None:
@@ -154,9 +166,17 @@ def _serve(here: Any, conn: Any, make: Callable[[], Any]) -> None:
     """A tracer process: its budget first ("ready"), then a peak (or why not) for each (model, batch) it is sent;
     None or the other end closed ends it."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    here.close()  # this process's copy of the other end: without it, the other process's end reads as closed
+    here.close()  # this process's copy of the other end: with it open, this one would not see the other end close
     import torch
 
+    try:
+        _answer_requests(conn, make, torch)
+    except OSError:  # the other process closed its end (it stopped, or gave up on this answer): nothing to tell
+        pass
+    conn.close()
+
+
+def _answer_requests(conn: Any, make: Callable[[], Any], torch: Any) -> None:
     try:  # forked after autograd ran in the process that forked it, torch refuses autograd here: say so at once
         x = torch.ones(1, requires_grad=True)
         (x * 2).sum().backward()
@@ -187,4 +207,3 @@ def _serve(here: Any, conn: Any, make: Callable[[], Any]) -> None:
             conn.send(("error", f"{type(peak).__name__}: {msg}"))
         else:
             conn.send(("ok", peak))
-    conn.close()

@@ -154,3 +154,34 @@ def test_a_prepared_model_is_traced_without_composing_its_configs_again(monkeypa
     assert composed == [] and first.peak_bytes > 0
     # the batch is the one asked for, not the one the config was composed at
     assert predictor.compose("dcgan", 5).batch == 5 and predictor.compose("dcgan", 2).batch == 2 and composed == []
+
+
+_PROTOCOL = """
+import json, time, types
+from mtbench.predict.tracers import Tracers
+
+class Peaks:  # a predictor whose peak of batch b is 1000 b (after a second where asked to be slow)
+    target = types.SimpleNamespace(memory_budget_bytes=1)
+    def peak_or_error(self, model, batch):
+        if model == "slow":
+            time.sleep(1)
+        return 1000 * batch
+
+with Tracers(Peaks, 1) as tracers:
+    tracers.send("m", [3])  # its caller stopped before it collected (a UsageError raised here, say)
+    again = tracers.peaks("m", [5]) + tracers.peaks("m", [7])
+tracers = Tracers(Peaks, 1)
+tracers.send("slow", [9])
+tracers.close()  # gives up while the tracer still traces: its answer has nowhere to go
+print(json.dumps(again))
+"""
+
+
+def test_an_answer_never_collected_does_not_shift_the_next_ones_and_a_closed_tracer_ends_quietly():
+    """A request whose answer was not collected (the caller raised between send and collect, and `mtbench predict`
+    goes on to its next model with the same tracer) is answered and dropped before the next one; a tracer whose
+    other end closed while it traced ends without a traceback on the console."""
+    proc = subprocess.run([sys.executable, "-c", _PROTOCOL], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == [5000, 7000]
+    assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
