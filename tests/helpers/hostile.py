@@ -1,7 +1,9 @@
 """Another user of a shared board: a folder every user may write (sticky, as /tmp), and steps run as `nobody`."""
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import tempfile
 from typing import Callable
 
@@ -17,8 +19,10 @@ def need_root() -> None:
 
 
 def shared_folder() -> str:
-    """A fresh folder under the system's temporary folder that every user may write, sticky as /tmp is."""
+    """A fresh folder under the system's temporary folder that every user may write, sticky as /tmp is; removed with
+    what was planted in it when the test process ends (shutil.rmtree follows no link it finds there)."""
     folder = tempfile.mkdtemp(prefix="mtbench-shared-")
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
     os.chmod(folder, 0o1777)
     return folder
 
