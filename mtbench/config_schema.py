@@ -270,8 +270,9 @@ def choice(key: str, value: Any, allowed: Any) -> str:
 
 def last_override(overrides: List[str], key: str, default: str) -> str:
     """The value `key=` takes among command-line overrides: the last one given wins, as Hydra composes them (a
-    config group's too); `default` where none sets it."""
-    return next((o.split("=", 1)[1] for o in reversed(overrides) if o.startswith(key + "=")), default)
+    config group's too), `+key=` and `++key=` as well; `default` where none sets it."""
+    given = tuple(plus + key + "=" for plus in ("", "+", "++"))
+    return next((o.split("=", 1)[1] for o in reversed(overrides) if o.startswith(given)), default)
 
 
 def override_values(override: Any) -> Optional[List[Any]]:

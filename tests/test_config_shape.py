@@ -65,3 +65,20 @@ def test_a_target_figure_that_is_no_number_ends_the_command_in_one_line(tmp_path
     assert proc.stderr.strip() == ("mtbench: error: target.peak_fp16_flops='/nonexistent/x' is not a number > 0; "
                                    "allowed: such a number or null")
     assert not (tmp_path / "job" / "summary.json").exists()
+
+
+@pytest.mark.parametrize("overrides", [
+    ["memory.plan=recompute", "memory.plan=none"],
+    ["memory.plan=none", "++memory.plan=recompute"],
+    ["++memory.plan=recompute", "memory.plan=none"],
+    ["target=tx2", "target=nano"],
+])
+def test_the_value_read_from_overrides_is_the_one_hydra_composes(overrides):
+    """config_schema.last_override against Hydra itself: the value the jobs' config takes from the same overrides
+    (`++key=` forces a value; Hydra refuses it for a config group such as target)."""
+    from mtbench.config_schema import last_override
+    from tests.helpers.compose import compose_cfg
+
+    cfg = compose_cfg(["model=squeezenet", *overrides])
+    assert last_override(overrides, "memory.plan", "none") == cfg.memory.plan
+    assert last_override(overrides, "target", "none") == cfg.target.name

@@ -116,7 +116,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _tracers(predictor, models: List[str]):
     """A tracer process beside this one for the max-batch searches (their rounds trace two batches), forked before
-    this process traces; None where the target has no budget, one core is usable, or it cannot run autograd."""
+    this process traces; None where the target has no budget, one core is usable, or the tracer cannot run autograd
+    (it ran in this process already) or was not ready within tracers.READY_TIMEOUT_S."""
     import os
 
     from mtbench.predict.tracers import TracerDied, Tracers, warm_imports
@@ -128,7 +129,7 @@ def _tracers(predictor, models: List[str]):
         predictor.prepare(model)  # its configs, composed here for both processes
     try:
         return Tracers(lambda: predictor, 1)
-    except TracerDied:  # autograd ran in this process already (a caller's): the searches trace here
+    except TracerDied:  # autograd ran here already (a caller's), or no answer in time: the searches trace here
         return None
 
 
