@@ -55,13 +55,19 @@ def in_own_arena(fn: Callable[[], Dict[str, Any]]) -> Tuple[Dict[str, Any], Opti
         finally:
             finished.set()
 
-    threading.Thread(target=run, name="mtbench-own-arena", daemon=True).start()
+    thread = threading.Thread(target=run, name="mtbench-own-arena", daemon=True)
+    thread.start()
     interrupted: Optional[BaseException] = None
+    # an Event, not join(): on Python 3.11 a join() that an interrupt breaks marks the running thread as ended
     while not finished.is_set():
         try:
             finished.wait()
         except BaseException as exc:  # noqa: B902 - the probe's step ends first, then this is raised
             interrupted = interrupted or exc
+    try:
+        thread.join()  # fn has returned: the thread's last lines, so that nothing of it runs once this returns
+    except BaseException as exc:  # noqa: B902 - as above
+        interrupted = interrupted or exc
     if interrupted is not None:
         raise interrupted
     if "error" in done:

@@ -283,11 +283,16 @@ def test_sigterm_to_a_running_job_keeps_its_measured_steps(tmp_path, signame, co
     """What SLURM's preemption, Kubernetes, `timeout` and `kill` send, to the job's whole process group (as a
     scheduler does): the job records "terminated" with its steps and samples, the command exits 128 + signal."""
     env = child_env()
-    proc = subprocess.Popen([sys.executable, str(REPO / "tests" / "isolated_job.py"), str(tmp_path / "job"),
-                             *FAKE, "model.workload._target_=tests.fake_workloads.BusyLoop", "steps=1000",
-                             "+model.workload.seconds=0.02", f"+model.workload.ready_file={tmp_path / 'ready'}"],
-                            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    # started as from a terminal: under `nohup` (this suite's too) SIGHUP is ignored, and the job rightly keeps it so
+    previous = signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    try:
+        proc = subprocess.Popen([sys.executable, str(REPO / "tests" / "isolated_job.py"), str(tmp_path / "job"),
+                                 *FAKE, "model.workload._target_=tests.fake_workloads.BusyLoop", "steps=1000",
+                                 "+model.workload.seconds=0.02", f"+model.workload.ready_file={tmp_path / 'ready'}"],
+                                cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True)
+    finally:
+        signal.signal(signal.SIGHUP, previous)
     _wait_for(tmp_path / "ready")
     time.sleep(0.5)
     os.killpg(proc.pid, getattr(signal, signame))
