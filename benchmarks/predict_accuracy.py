@@ -23,7 +23,10 @@ models only calibrate (profiled jobs: their ops.csv gives the per-op times of th
    predicts the held-out ones.
 3. Memory: predicted training memory (tensors + runtime) against the measured one (peak resident memory over
    the measured steps less the resident memory before the model was built); goal median error <= 3 %, worst
-   <= 8 %. Time: mean absolute percentage error of the step time; goal <= 10 %.
+   <= 8 %. Time: mean absolute percentage error of the step time; goal <= 10 %. Beside each held-out job, and
+   over the sweep, how far the machine's own speed moved (machine_reference, timed before and after each job): on
+   a VM whose neighbours change its speed, a step-time error within that movement is the machine's, not the
+   predictor's.
 4. Speed: BERT at batch 64 predicted in a fresh process: wall time (goal <= 10 s) and peak resident memory
    (goal <= 1 GB), also printed less the process's memory after importing torch (the predictor's own part); then
    the whole command as a user types it, `python -m mtbench predict model=bert batch=64 target=tx2`, twice, timed by
@@ -144,6 +147,39 @@ def command_as_typed(runs: int = 2) -> None:
               f"{'on stderr: ' + ' | '.join(warned) if warned else 'no warning on the console'}")
 
 
+def machine_reference(repeats: int = 7, each: int = 10) -> dict:
+    """How fast this machine runs now: the median over `repeats` of the seconds `each` fixed small training steps
+    take (a 3x3 convolution of 64 channels on 8 x 16 x 16, forward and backward: compute-bound), and of `each` passes
+    over 64 MiB (in-place scale: bandwidth-bound), with torch's threads as the jobs have them; about 0.6 s in all.
+    The same figures before and after each job of a sweep say how much the machine's speed (its neighbours on a VM)
+    moved under the jobs."""
+    import torch
+
+    torch.manual_seed(0)
+    conv = torch.nn.Conv2d(64, 64, 3, padding=1)
+    x = torch.randn(8, 64, 16, 16)
+    block = torch.ones(16 << 20)  # 64 MiB of float32
+
+    def timed(fn) -> float:
+        fn()  # warm: oneDNN's primitives, the block's pages
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+        return statistics.median(times)
+
+    def step() -> None:
+        for _ in range(each):
+            conv(x).square().mean().backward()
+
+    def stream() -> None:
+        for _ in range(each):
+            block.mul_(1.0)
+
+    return {"compute_s": timed(step), "stream_s": timed(stream)}
+
+
 def run_job_child(model: str, batch: int, out_dir: str, steps: int = 3, profile: bool = True) -> None:
     """One job through mtbench's runner in this (fresh) process, as a sweep's job; the summary also gets the
     resident memory before the model was built (mem_runtime_bytes) where the runner does not record it."""
@@ -176,7 +212,9 @@ def run_sweep(jobs, folder: Path, steps: int = 3, profiled=()) -> None:
     profiled where the model is in `profiled` (the calibration models: ops.csv holds the per-op times the time model
     is fitted on; their summaries' unprofiled reference steps are the step time); the held-out models run plain, so
     that no profiler's time or memory is in what the predictions are compared with. A job whose summary is already
-    in `folder` is not run again (a sweep goes on where it stopped, or grows by models)."""
+    in `folder` is not run again (a sweep goes on where it stopped, or grows by models). The machine's reference
+    figures (machine_reference), taken in this process just before and just after each job, go into the job's
+    summary as `bench_machine_reference` (not in the job's process: its memory before the model is measured)."""
     from mtbench.errors import UsageError
     from mtbench.predict.fit import read_summaries
 
@@ -188,8 +226,39 @@ def run_sweep(jobs, folder: Path, steps: int = 3, profiled=()) -> None:
     for i, (model, batch) in enumerate((j for j in jobs if j not in done), start=start):
         code = f"from benchmarks.predict_accuracy import run_job_child; run_job_child({model!r}, {batch}, " \
                f"{str(folder / f'{i}-{model}-b{batch}')!r}, steps={steps}, profile={model in profiled})"
+        reference = {"before": machine_reference()}
         subprocess.run([sys.executable, "-c", code], check=False, cwd=REPO,
                        env={**os.environ, "PYTHONPATH": str(REPO)})
+        reference["after"] = machine_reference()
+        path = folder / f"{i}-{model}-b{batch}" / "summary.json"
+        if path.is_file():
+            data = json.loads(path.read_text())
+            data["bench_machine_reference"] = reference
+            path.write_text(json.dumps(data, indent=2))
+
+
+def machine_drift(runs) -> tuple:
+    """({(model, batch): (compute %, stream %)}, one line): each job's machine reference (the mean of its before and
+    after figures) against the median over the sweep's jobs, in % (+: the machine ran that much slower), and the
+    line that says how far the machine's speed moved over the sweep and within its jobs."""
+    refs = {}
+    for s in runs:
+        ref = s.get("bench_machine_reference") or {}
+        if "before" in ref and "after" in ref:
+            refs[(s["model"], int(s["batch_size"]))] = {
+                k: ((ref["before"][k] + ref["after"][k]) / 2, abs(ref["after"][k] / ref["before"][k] - 1) * 100)
+                for k in ("compute_s", "stream_s")}
+    if len(refs) < 2:
+        return {}, "the machine's reference: not in this sweep's summaries (a sweep made before they were recorded)"
+    med = {k: statistics.median(r[k][0] for r in refs.values()) for k in ("compute_s", "stream_s")}
+    out = {job: tuple(pct(r[k][0], med[k]) for k in ("compute_s", "stream_s")) for job, r in refs.items()}
+    parts = []
+    for k, name in (("compute_s", "a small convolution's step"), ("stream_s", "a pass over 64 MiB")):
+        values = [r[k][0] for r in refs.values()]
+        parts.append(f"{name} {min(values) * 1e3:.2f}-{max(values) * 1e3:.2f} ms over the sweep's {len(refs)} jobs "
+                     f"(spread {(max(values) - min(values)) / med[k] * 100:.0f} % of the median), after against "
+                     f"before a job: median {statistics.median(r[k][1] for r in refs.values()):.0f} %")
+    return out, "the machine's reference (machine_reference): " + "; ".join(parts)
 
 
 def sweep_jobs(models, batches: str, batches_for) -> list:
@@ -370,12 +439,15 @@ def main() -> None:
           f"{', '.join(fit_models)}:\n  " + "\n  ".join(report))
 
     header = (f"{'model':<12} {'batch':>5} {'meas s':>8} {'spread':>7} {'pred s':>8} {'err %':>7} {'roofln s':>8} "
-              f"{'meas MiB':>9} {'pred MiB':>9} {'err %':>7} {'tensors':>8}")
+              f"{'meas MiB':>9} {'pred MiB':>9} {'err %':>7} {'tensors':>8} {'machine':>11}")
+    drift, drift_line = machine_drift(runs)
     print(f"\nheld-out models ({', '.join(sorted({s['model'] for s in test_runs}))}), never calibrated on; "
-          f"spread = (max - min) / median of the job's measured steps\n" + header + "\n" + "-" * len(header))
+          f"spread = (max - min) / median of the job's measured steps; machine = the machine's reference around the "
+          f"job against the sweep's median, compute/stream % (+: slower)\n" + header + "\n" + "-" * len(header))
     mem_err, time_pred, time_meas, spread = [], [], [], []
     for s in test_runs:
-        p = predictor.predict(s["model"], int(s["batch_size"]))
+        job = (s["model"], int(s["batch_size"]))
+        p = predictor.predict(*job)
         meas_b = measured_training_bytes(s)
         st = s["step_time_s"]
         e_mem = pct(p.peak_bytes, meas_b) if meas_b else float("nan")
@@ -387,7 +459,8 @@ def main() -> None:
         spread.append((st["max"] - st["min"]) / st["median"] * 100)
         print(f"{s['model']:<12} {s['batch_size']:>5} {measured_s:>8.3f} {spread[-1]:>6.0f}% {p.step_time_s:>8.3f} "
               f"{e_time:>+7.1f} {p.roofline_s or float('nan'):>8.3f} {meas_b / 2**20:>9.1f} "
-              f"{p.peak_bytes / 2**20:>9.1f} {e_mem:>+7.1f} {p.tensors_bytes / 2**20:>8.1f}")
+              f"{p.peak_bytes / 2**20:>9.1f} {e_mem:>+7.1f} {p.tensors_bytes / 2**20:>8.1f} "
+              f"{'%+.0f/%+.0f' % drift[job] if job in drift else 'n/a':>11}")
     print(f"\nheld out, {len(test_runs)} runs: step time MAPE {mape_pct(time_pred, time_meas):.1f} % (goal <= 10; "
           f"median spread of the measured steps {statistics.median(spread):.0f} %)   |   training memory MAPE "
           f"{statistics.mean(mem_err):.1f} %, median {statistics.median(mem_err):.1f} % (goal <= 3), worst "
@@ -400,6 +473,7 @@ def main() -> None:
             f"{mape_pct([time_pred[i] for i in ix], [time_meas[i] for i in ix]):.1f} %, memory median "
             f"{statistics.median([mem_err[i] for i in ix]):.1f} %, worst {max(mem_err[i] for i in ix):.1f} %"
             for name, ix in kinds.items()))
+    print(drift_line)
     print(f"after the predictions: {quiet()}")
     if args.maxbatch:  # from a fresh process: this one ran autograd (the traces), and each probe is a fork
         subprocess.run([sys.executable, "-c", "from benchmarks.predict_accuracy import MAXBATCH_MODELS, "
