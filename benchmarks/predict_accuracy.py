@@ -474,6 +474,15 @@ def main() -> None:
             f"{statistics.median([mem_err[i] for i in ix]):.1f} %, worst {max(mem_err[i] for i in ix):.1f} %"
             for name, ix in kinds.items()))
     print(drift_line)
+    paired = [(pct(time_pred[i], time_meas[i]), sum(drift[(s["model"], int(s["batch_size"]))]) / 2)
+              for i, s in enumerate(test_runs) if (s["model"], int(s["batch_size"])) in drift]
+    if len(paired) >= 3 and len({d for _, d in paired}) > 1 and len({e for e, _ in paired}) > 1:
+        import numpy as np
+
+        r = float(np.corrcoef([e for e, _ in paired], [d for _, d in paired])[0, 1])
+        print(f"  the held-out step-time errors against the machine's slowdown around each job (the mean of its two "
+              f"reference figures): Pearson r {r:+.2f} over {len(paired)} jobs (near -1: the machine's speed, not "
+              f"the predictor, made the misses)")
     print(f"after the predictions: {quiet()}")
     if args.maxbatch:  # from a fresh process: this one ran autograd (the traces), and each probe is a fork
         subprocess.run([sys.executable, "-c", "from benchmarks.predict_accuracy import MAXBATCH_MODELS, "
