@@ -114,20 +114,26 @@ def test_ctrl_c_to_the_parent_reaches_the_job(tmp_path):
     assert s["failure"]["kind"] == "interrupted" and s["measured_steps"] >= 1, s["failure"]
 
 
+def _busy_job(tmp_path, steps: int, seconds: float, signum: int, disposition) -> subprocess.Popen:
+    """isolated_job.py running BusyLoop steps in a session of its own (it touches tmp_path/ready at each step),
+    started with `signum` at `disposition` (set in this process around the start: the child inherits it)."""
+    previous = signal.signal(signum, disposition)
+    try:
+        return subprocess.Popen([sys.executable, str(REPO / "tests" / "isolated_job.py"), str(tmp_path / "job"),
+                                 *FAKE, "model.workload._target_=tests.fake_workloads.BusyLoop", f"steps={steps}",
+                                 f"+model.workload.seconds={seconds}",
+                                 f"+model.workload.ready_file={tmp_path / 'ready'}"],
+                                cwd=REPO, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True)
+    finally:
+        signal.signal(signum, previous)
+
+
 @pytest.mark.slow
 def test_a_job_started_with_ctrl_c_ignored_keeps_ignoring_it(tmp_path):
     """A script's `mtbench ... &` (or nohup) starts with SIGINT ignored, and Ctrl-C on the terminal still reaches
     its process group: neither the sweep's process nor the job's may end on it."""
-    env = child_env()
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # an ignored signal stays ignored across exec
-    try:
-        proc = subprocess.Popen([sys.executable, str(REPO / "tests" / "isolated_job.py"), str(tmp_path / "job"),
-                                 *FAKE, "model.workload._target_=tests.fake_workloads.BusyLoop", "steps=20",
-                                 "+model.workload.seconds=0.05", f"+model.workload.ready_file={tmp_path / 'ready'}"],
-                                cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                start_new_session=True)
-    finally:
-        signal.signal(signal.SIGINT, previous)
+    proc = _busy_job(tmp_path, 20, 0.05, signal.SIGINT, signal.SIG_IGN)  # ignored stays ignored across exec
     deadline = time.monotonic() + 120
     while not (tmp_path / "ready").exists() and time.monotonic() < deadline:
         time.sleep(0.02)
@@ -282,17 +288,8 @@ def _wait_for(path, seconds: float = 120) -> None:
 def test_sigterm_to_a_running_job_keeps_its_measured_steps(tmp_path, signame, code):
     """What SLURM's preemption, Kubernetes, `timeout` and `kill` send, to the job's whole process group (as a
     scheduler does): the job records "terminated" with its steps and samples, the command exits 128 + signal."""
-    env = child_env()
     # started as from a terminal: under `nohup` (this suite's too) SIGHUP is ignored, and the job rightly keeps it so
-    previous = signal.signal(signal.SIGHUP, signal.SIG_DFL)
-    try:
-        proc = subprocess.Popen([sys.executable, str(REPO / "tests" / "isolated_job.py"), str(tmp_path / "job"),
-                                 *FAKE, "model.workload._target_=tests.fake_workloads.BusyLoop", "steps=1000",
-                                 "+model.workload.seconds=0.02", f"+model.workload.ready_file={tmp_path / 'ready'}"],
-                                cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                start_new_session=True)
-    finally:
-        signal.signal(signal.SIGHUP, previous)
+    proc = _busy_job(tmp_path, 1000, 0.02, signal.SIGHUP, signal.SIG_DFL)
     _wait_for(tmp_path / "ready")
     time.sleep(0.5)
     os.killpg(proc.pid, getattr(signal, signame))
