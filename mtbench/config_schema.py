@@ -268,11 +268,15 @@ def choice(key: str, value: Any, allowed: Any) -> str:
     return str(value)
 
 
+def sets_key(override: str, key: str) -> bool:
+    """Whether a command-line override sets `key`: `key=`, `+key=` or `++key=`."""
+    return override.startswith(tuple(plus + key + "=" for plus in ("", "+", "++")))
+
+
 def last_override(overrides: List[str], key: str, default: str) -> str:
     """The value `key=` takes among command-line overrides: the last one given wins, as Hydra composes them (a
-    config group's too), `+key=` and `++key=` as well; `default` where none sets it."""
-    given = tuple(plus + key + "=" for plus in ("", "+", "++"))
-    return next((o.split("=", 1)[1] for o in reversed(overrides) if o.startswith(given)), default)
+    config group's too), `+key=` and `++key=` as well (sets_key); `default` where none sets it."""
+    return next((o.split("=", 1)[1] for o in reversed(overrides) if sets_key(o, key)), default)
 
 
 def override_values(override: Any) -> Optional[List[Any]]:

@@ -5,7 +5,7 @@ import functools
 import os
 from typing import Any, Dict, List, NamedTuple, Optional, Tuple, Union
 
-from mtbench.config_schema import last_override
+from mtbench.config_schema import last_override, sets_key
 
 MAX_TRACERS = 2  # traces side by side: each is one busy Python thread; the search's rounds hold two batches
 
@@ -88,5 +88,5 @@ def _predictor(target: str, overrides: List[str]) -> Any:
     from mtbench.predict.predictor import Predictor
 
     device = last_override(overrides, "device", "auto")
-    rest = [o for o in overrides if not o.startswith(("target=", "device="))]
+    rest = [o for o in overrides if not (sets_key(o, "target") or sets_key(o, "device"))]
     return Predictor(target_name=target, device=device, overrides=tuple(rest))

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Callable, List, Optional
 
 from mtbench.campaign.maxbatch import PROBE, SCHEMA, Probe, Search, _models, default_prober, guided, search
-from mtbench.config_schema import last_override
+from mtbench.config_schema import last_override, sets_key
 from mtbench.errors import UsageError
 from mtbench.results.files import atomic_write
 
@@ -80,7 +80,7 @@ def run(args: argparse.Namespace, prober: Optional[Callable[[List[str], int, Pat
     target = last_override(fixed, "target", "none")
     # memory.plan=X (not none): each model is searched with memory.plan=none and with X, side by side
     plan = last_override(fixed, "memory.plan", "none")
-    fixed = [o for o in fixed if not o.startswith("memory.plan=")]
+    fixed = [o for o in fixed if not sets_key(o, "memory.plan")]
     plans = ["none"] if plan == "none" else ["none", plan]
     if target == "none" and not any(o.startswith(("memory.budget_gb=", "target.memory_budget_bytes="))
                                     for o in fixed):

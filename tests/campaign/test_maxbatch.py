@@ -268,3 +268,20 @@ def test_a_key_given_twice_takes_the_last_value_as_the_jobs_config_does(tmp_path
     assert code == 0 and asked and asked[0][0] == "nano", asked
     assert doc["target"] == "nano" and len(doc["models"]) == 1, doc  # memory.plan=none: plain training alone
     assert all("memory.plan=recompute" not in o for o in seen), seen
+
+
+def test_a_plan_forced_with_plus_plus_is_searched_beside_plain_training_and_not_recorded_as_fixed(tmp_path):
+    """`++memory.plan=recompute` sets the plan as `memory.plan=recompute` does: both plans are searched, each probe
+    composes its own plan last, and the overrides every search shares (maxbatch.json) do not hold the plan."""
+    seen = []
+
+    def prober(overrides, batch, out_dir: Path) -> Probe:
+        seen.append(tuple(overrides))
+        return fake_board(40)(batch)
+
+    code = maxbatch_command.main(["model=alexnet", "target=nano", "device=cpu", "++memory.plan=recompute",
+                                  "--out", str(tmp_path)], prober=prober)
+    doc = json.loads((tmp_path / "maxbatch.json").read_text())
+    assert code == 0 and doc["overrides"] == ["target=nano", "device=cpu"], doc["overrides"]
+    assert {o[-1] for o in seen} == {"memory.plan=none", "memory.plan=recompute"}, seen
+    assert all("++memory.plan=recompute" not in o for o in seen), seen
