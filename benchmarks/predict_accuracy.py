@@ -224,13 +224,14 @@ def run_sweep(jobs, folder: Path, steps: int = 3, profiled=()) -> None:
         done = set()
     start = len(list(folder.iterdir())) if folder.is_dir() else 0
     for i, (model, batch) in enumerate((j for j in jobs if j not in done), start=start):
+        job_dir = folder / f"{i}-{model}-b{batch}"
         code = f"from benchmarks.predict_accuracy import run_job_child; run_job_child({model!r}, {batch}, " \
-               f"{str(folder / f'{i}-{model}-b{batch}')!r}, steps={steps}, profile={model in profiled})"
+               f"{str(job_dir)!r}, steps={steps}, profile={model in profiled})"
         reference = {"before": machine_reference()}
         subprocess.run([sys.executable, "-c", code], check=False, cwd=REPO,
                        env={**os.environ, "PYTHONPATH": str(REPO)})
         reference["after"] = machine_reference()
-        path = folder / f"{i}-{model}-b{batch}" / "summary.json"
+        path = job_dir / "summary.json"
         if path.is_file():
             data = json.loads(path.read_text())
             data["bench_machine_reference"] = reference
@@ -445,6 +446,7 @@ def main() -> None:
           f"spread = (max - min) / median of the job's measured steps; machine = the machine's reference around the "
           f"job against the sweep's median, compute/stream % (+: slower)\n" + header + "\n" + "-" * len(header))
     mem_err, time_pred, time_meas, spread = [], [], [], []
+    paired = []  # (step-time error %, the machine's slowdown % around the job) where the sweep timed it
     for s in test_runs:
         job = (s["model"], int(s["batch_size"]))
         p = predictor.predict(*job)
@@ -453,6 +455,8 @@ def main() -> None:
         e_mem = pct(p.peak_bytes, meas_b) if meas_b else float("nan")
         measured_s = st[args.time_stat]
         e_time = pct(p.step_time_s, measured_s)
+        if job in drift:
+            paired.append((e_time, sum(drift[job]) / 2))
         mem_err.append(abs(e_mem))
         time_pred.append(p.step_time_s)
         time_meas.append(measured_s)
@@ -474,8 +478,6 @@ def main() -> None:
             f"{statistics.median([mem_err[i] for i in ix]):.1f} %, worst {max(mem_err[i] for i in ix):.1f} %"
             for name, ix in kinds.items()))
     print(drift_line)
-    paired = [(pct(time_pred[i], time_meas[i]), sum(drift[(s["model"], int(s["batch_size"]))]) / 2)
-              for i, s in enumerate(test_runs) if (s["model"], int(s["batch_size"])) in drift]
     if len(paired) >= 3 and len({d for _, d in paired}) > 1 and len({e for e, _ in paired}) > 1:
         import numpy as np
 
