@@ -75,31 +75,13 @@ def _largest_summed_pss(proc: subprocess.Popen) -> int:
     """The largest sum of PSS (a shared page counted once over its sharers) over `proc`'s descendants while it runs:
     the command and the tracer process it forks, whose pages are largely its parent's. Sampled every 0.2 s from
     /proc alone (psutil's scan of every process, ten times a second, took a core's share the command then lacked)."""
+    from mtbench.sampling.procfs import descendants
+
     largest = 0
     while proc.poll() is None:
-        largest = max(largest, sum(_pss(pid) for pid in _descendants(proc.pid)))
+        largest = max(largest, sum(_pss(pid) for pid in descendants(proc.pid) or ()))
         time.sleep(0.2)
     return largest
-
-
-def _descendants(pid: int) -> list:
-    """`pid`'s children, theirs and so on, from the kernel's lists (/proc/PID/task/TID/children)."""
-    found, todo = [], [pid]
-    while todo:
-        here = todo.pop()
-        try:
-            tasks = os.listdir(f"/proc/{here}/task")
-        except OSError:
-            continue
-        for tid in tasks:
-            try:
-                with open(f"/proc/{here}/task/{tid}/children") as f:
-                    kids = [int(k) for k in f.read().split()]
-            except OSError:
-                continue
-            found.extend(kids)
-            todo.extend(kids)
-    return found
 
 
 def _pss(pid: int) -> int:

@@ -139,6 +139,26 @@ class _TreeLedger:
         return [float(total), float(rss) if rss is not None else None]
 
 
+def descendants(pid: int, proc_root: str = "/proc") -> Optional[List[int]]:
+    """Every descendant of `pid` (children, theirs, ...) from the kernel's lists, /proc/<pid>/task/*/children
+    (CONFIG_PROC_CHILDREN); None where a living process has no such files (a kernel without them)."""
+    found, stack = [], [pid]
+    while stack:
+        task_dir = os.path.join(proc_root, str(stack.pop()), "task")
+        try:
+            for tid in os.listdir(task_dir):
+                with open(os.path.join(task_dir, tid, "children"), "rb") as f:
+                    kids = [int(c) for c in f.read().split()]
+                    found += kids
+                    stack += kids
+        except FileNotFoundError:
+            if os.path.isdir(task_dir):  # the process lives but the kernel has no children files
+                return None
+        except (OSError, ValueError):
+            continue
+    return found
+
+
 class ProcfsSensor(Sensor):
     """Per-core busy/total ticks (counters), the CPU ticks (counter) and RSS (gauge) of one process, and the
     system memory in use (gauge, MemTotal - MemAvailable from /proc/meminfo). One process's CPU ticks come
@@ -210,21 +230,8 @@ class ProcfsSensor(Sensor):
     def _descendants(self) -> List[int]:
         """Every descendant of the root: from /proc/<pid>/task/*/children where the kernel has it
         (CONFIG_PROC_CHILDREN), else through psutil (which walks all of /proc)."""
-        found, stack = [], [self.pid]
-        while stack:
-            task_dir = os.path.join(self.proc_root, str(stack.pop()), "task")
-            try:
-                for tid in os.listdir(task_dir):
-                    with open(os.path.join(task_dir, tid, "children"), "rb") as f:
-                        kids = [int(c) for c in f.read().split()]
-                        found += kids
-                        stack += kids
-            except FileNotFoundError:
-                if os.path.isdir(task_dir):  # the process lives but the kernel has no children files
-                    return self._descendants_psutil()
-            except (OSError, ValueError):
-                continue
-        return found
+        found = descendants(self.pid, self.proc_root)
+        return self._descendants_psutil() if found is None else found
 
     def _descendants_psutil(self) -> List[int]:
         import psutil
