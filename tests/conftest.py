@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import os
@@ -21,8 +22,10 @@ from tests.helpers.env import child_env
 # the tests' jobs take their device locks in a folder of their own: an mtbench run elsewhere on this machine
 # (a benchmark) neither waits for them nor makes them wait, and neither do the jobs of another pytest-xdist worker:
 # each worker has a folder of its own; tests of the lock itself set lock_dir
+# (removed when the process that made it ends: one per worker and run would pile up in /tmp)
 if os.environ.get("PYTEST_XDIST_WORKER") or "MTBENCH_LOCK_DIR" not in os.environ:
     os.environ["MTBENCH_LOCK_DIR"] = tempfile.mkdtemp(prefix="mtbench-test-locks-")
+    atexit.register(shutil.rmtree, os.environ["MTBENCH_LOCK_DIR"], True)
 # pytest-xdist's workers share the cores: one intra-op thread each (and in the jobs they start), set before torch is
 # imported; two workers with an OpenMP team each spin on each other's cores. A test of the thread count sets its own.
 if os.environ.get("PYTEST_XDIST_WORKER"):
