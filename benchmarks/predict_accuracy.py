@@ -244,6 +244,68 @@ def machine_drift(runs) -> tuple:
     return out, "the machine's reference (machine_reference): " + "; ".join(parts)
 
 
+def pass_folder(folder: Path, k: int) -> Path:
+    """Where pass `k` of a sweep runs (1: the sweep's own folder; a later pass a sibling, `DIR-passK`)."""
+    return folder if k == 1 else folder.with_name(f"{folder.name}-pass{k}")
+
+
+def fastest_pass(passes, stat: str, only: int = 0) -> list:
+    """The first pass's summaries, each job's step time the fastest (by `stat`) of its passes' (`only` = K: pass
+    K's): on a VM whose neighbours slow whole jobs down for minutes, a pass run later measures each job again, and
+    the fastest holds least of them. Everything else of a job (memory, its per-op profile, which a calibration
+    job's per-class times are scaled from) stays the first pass's; a held-out job's step statistics and machine
+    reference come whole from the pass chosen. `bench_pass` says which pass that is (1-based). A job missing from
+    the later passes keeps its own."""
+    import copy
+
+    from mtbench.predict.profiled import step_seconds
+
+    later = {}
+    for k, runs in enumerate(passes[1:], start=2):
+        for s in runs:
+            if not only or k == only:
+                later.setdefault((s["model"], int(s["batch_size"])), []).append((k, s))
+    out = []
+    for s in passes[0]:
+        best_k, best_s, best = 1, step_seconds(s, stat), s
+        for k, x in later.get((s["model"], int(s["batch_size"])), []):
+            x_s = step_seconds(x, stat)
+            if x_s and (best_s is None or only or x_s < best_s):
+                best_k, best_s, best = k, x_s, x
+        s = copy.deepcopy(s)
+        s["bench_pass"] = best_k
+        reference = (s.get("profile") or {}).get("unprofiled_step_time_s") if s.get("profiled") else None
+        if best_k == 1:
+            pass
+        elif isinstance(reference, dict) and reference.get(stat):  # profiled: its own step time is the profiler's
+            reference[stat] = best_s
+        else:
+            s["step_time_s"] = dict(best["step_time_s"])
+            s["bench_machine_reference"] = best.get("bench_machine_reference")
+        out.append(s)
+    return out
+
+
+def held_out_mape(predictor, runs, held_out, stat: str) -> float:
+    """The held-out jobs' step-time MAPE with the predictor calibrated on `runs`' other jobs (its calibration
+    restored after)."""
+    from mtbench.predict.calibration import load, mape_pct
+    from mtbench.predict.fit import calibrate, split_by_model
+    from mtbench.predict.profiled import step_seconds
+
+    kept = predictor.calibration
+    fit_runs, test_runs = split_by_model(runs, [m for m in held_out if any(s["model"] == m for s in runs)])
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            cal, _, _ = calibrate(Path(tmp), out=str(Path(tmp) / "cal.json"), summaries=fit_runs,
+                                  predictor=predictor, time_stat=stat)
+            predictor.calibration = load(cal.key, Path(tmp) / "cal.json")
+        predicted = [predictor.predict(s["model"], int(s["batch_size"])).step_time_s for s in test_runs]
+        return mape_pct(predicted, [step_seconds(s, stat) for s in test_runs])
+    finally:
+        predictor.calibration = kept
+
+
 def sweep_jobs(models, batches: str, batches_for) -> list:
     """(model, batch) of the sweep: `batches` for every model, or a model's own from --batches-for MODEL=B,B,B."""
     own = {}
@@ -376,6 +438,10 @@ def main() -> None:
     ap.add_argument("--time-stat", choices=("median", "min"), default="median",
                     help="the step-time statistic calibrated on and compared with (`mtbench calibrate time_stat=`): "
                          "min, the fastest measured step, holds less of what other processes add")
+    ap.add_argument("--passes", type=int, default=1, metavar="N",
+                    help="run the sweep N times, one pass after the other (pass K into DIR-passK, unprofiled): each "
+                         "job's step time is the fastest of its passes' (memory stays the first pass's); the "
+                         "held-out step-time MAPE of each pass alone is printed too")
     ap.add_argument("--maxbatch-repeats", type=int, default=1, metavar="N",
                     help="with --maxbatch: run each search N times, the order alternating, and compare medians")
     ap.add_argument("--maxbatch", action="store_true",
@@ -387,6 +453,8 @@ def main() -> None:
     ap.add_argument("--all-models", action="store_true",
                     help="only predict every model of conf/model at batch 8 for target none and tx2 (how each traced)")
     args = ap.parse_args()
+    if args.passes < 1:
+        ap.error(f"--passes {args.passes}: must be 1 or more")
     if args.maxbatch_repeats < 1:
         ap.error(f"--maxbatch-repeats {args.maxbatch_repeats}: must be 1 or more")
 
@@ -402,9 +470,17 @@ def main() -> None:
     print(f"before the sweep: {quiet()}")
     jobs = sweep_jobs(models, args.batches, args.batches_for)
     run_sweep(jobs, folder, steps=args.steps, profiled=[m for m in models if m not in held_out])
+    for k in range(2, args.passes + 1):
+        print(f"pass {k} of {args.passes} into {pass_folder(folder, k)}: {quiet()}")
+        run_sweep(jobs, pass_folder(folder, k), steps=args.steps)
     print(f"after the sweep: {quiet()}")
-    runs = sorted(read_summaries(folder), key=lambda s: (s["model"], s["batch_size"]))
-    runs = [s for s in runs if (s["model"], int(s["batch_size"])) in set(jobs)]
+
+    def sweep_runs(where: Path) -> list:
+        found = sorted(read_summaries(where), key=lambda s: (s["model"], s["batch_size"]))
+        return [s for s in found if (s["model"], int(s["batch_size"])) in set(jobs)]
+
+    passes = [sweep_runs(pass_folder(folder, k)) for k in range(1, args.passes + 1)]
+    runs = fastest_pass(passes, args.time_stat) if args.passes > 1 else passes[0]
     fit_runs, test_runs = split_by_model(runs, [m for m in held_out if any(s["model"] == m for s in runs)])
     predictor = Predictor(target_name="none", device="cpu", overrides=("warmup=1", f"steps={args.steps}"),
                           stored_calibration=False)
@@ -459,6 +535,13 @@ def main() -> None:
             f"{mape_pct([time_pred[i] for i in ix], [time_meas[i] for i in ix]):.1f} %, memory median "
             f"{statistics.median([mem_err[i] for i in ix]):.1f} %, worst {max(mem_err[i] for i in ix):.1f} %"
             for name, ix in kinds.items()))
+    if args.passes > 1:
+        chosen = [sum(1 for s in test_runs if s.get("bench_pass") == k) for k in range(1, args.passes + 1)]
+        alone = [held_out_mape(predictor, fastest_pass(passes, args.time_stat, k), held_out, args.time_stat)
+                 for k in range(1, args.passes + 1)]
+        print(f"  {args.passes} passes, each job's step time the fastest pass's (held-out jobs per pass: "
+              f"{', '.join(map(str, chosen))}); each pass's step times alone: step time MAPE "
+              + ", ".join(f"pass {k} {e:.1f} %" for k, e in enumerate(alone, start=1)))
     print(drift_line)
     if len(paired) >= 3 and len({d for _, d in paired}) > 1 and len({e for e, _ in paired}) > 1:
         import numpy as np

@@ -40,3 +40,34 @@ def test_each_jobs_machine_reference_is_told_against_the_sweeps_median():
     assert "40.00-50.00 ms over the sweep's 3 jobs (spread 20 % of the median)" in line, line
     assert "after against before a job: median 0 %" in line, line  # a's are steady; b's moved 33 %
     assert machine_drift(runs[3:])[0] == {} and "not in this sweep's summaries" in machine_drift(runs[3:])[1]
+
+
+def test_a_jobs_step_time_is_its_fastest_passes_and_the_rest_the_first_passes():
+    from benchmarks.predict_accuracy import fastest_pass
+    from mtbench.predict.profiled import step_seconds
+
+    def plain(batch, median, ref=None):
+        return {"model": "a", "batch_size": batch, "mem_training_bytes": 100 + batch,
+                "step_time_s": {"median": median, "min": median / 2, "max": median * 2},
+                "bench_machine_reference": ref}
+
+    def profiled(median, unprofiled):
+        return {"model": "p", "batch_size": 2, "profiled": True, "step_time_s": {"median": median},
+                "profile": {"unprofiled_step_time_s": {"median": unprofiled}}}
+
+    first = [plain(2, 1.0, "one"), plain(8, 3.0, "one"), profiled(5.0, 2.0)]
+    second = [plain(2, 1.5, "two"), plain(8, 2.0, "two"), profiled(4.0, 1.0)]
+    merged = fastest_pass([first, second], "median")
+    assert [s["bench_pass"] for s in merged] == [1, 2, 2]
+    assert merged[0] == {**first[0], "bench_pass": 1}
+    # a plain job's step statistics and machine reference come whole from the faster pass, its memory from the first
+    assert merged[1]["step_time_s"] == second[1]["step_time_s"] and merged[1]["bench_machine_reference"] == "two"
+    assert merged[1]["mem_training_bytes"] == 108
+    # a profiled job keeps its profiled step time (its per-class times are scaled by it) and takes the faster plain one
+    assert merged[2]["step_time_s"] == {"median": 5.0} and step_seconds(merged[2], "median") == 1.0
+    assert first[2]["profile"]["unprofiled_step_time_s"]["median"] == 2.0  # the passes' summaries are not changed
+    # one pass's alone, slower or not; pass 1's is the first pass as it was
+    assert [step_seconds(s, "median") for s in fastest_pass([first, second], "median", only=2)] == [1.5, 2.0, 1.0]
+    assert [step_seconds(s, "median") for s in fastest_pass([first, second], "median", only=1)] == [1.0, 3.0, 2.0]
+    # by the statistic asked for: "min" of pass 2's first job (0.75) is above pass 1's (0.5)
+    assert fastest_pass([first, second], "min")[0]["bench_pass"] == 1
