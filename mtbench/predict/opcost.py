@@ -16,7 +16,9 @@ from mtbench.predict import cache_model
 #                narrow side of its weight as a product's matrix: few output channels, or few input channels and
 #                taps, run under the peak rate; see conv_thin_flops)
 #   matmul:      matmul_flops * s/FLOP + matmul_bytes * s/byte (inputs not read recently, outputs larger than the
-#                last-level cache: cache_model.RecentReads, cache_model.cached_outputs)
+#                last-level cache: cache_model.RecentReads, cache_model.cached_outputs) + matmul_rnn_flops * s/FLOP
+#                (a recurrent layer's gate products, rnn_workspace.layer_flops: a product per position, each waiting
+#                for the state before it, runs under the rate of one large product)
 #   pool:        pool_bytes * s/byte + pool_window * s/read (a forward's outputs times its window: a 3x3 window
 #                at stride 1 reads 9 inputs per output where its bytes count about 2; see pool_window_reads)
 #   norm, elementwise, reduction, optimizer (the update and zero_grad, and every multi-tensor op over the
@@ -33,8 +35,8 @@ from mtbench.predict import cache_model
 # thin one moves many bytes per FLOP, and a grouped one runs at its own (lower) rate.
 CLASSES = ("conv", "matmul", "norm", "elementwise", "reduction", "pool", "optimizer")
 FEATURES = ("conv_flops", "conv_grouped_flops", "conv_bytes", "conv_thin_flops", "matmul_flops", "matmul_bytes",
-            "norm_bytes", "elementwise_bytes", "reduction_bytes", "pool_bytes", "pool_window", "optimizer_bytes",
-            "optimizer_fresh_bytes", "launch_ops", "host_ops", "step_overhead")
+            "matmul_rnn_flops", "norm_bytes", "elementwise_bytes", "reduction_bytes", "pool_bytes", "pool_window",
+            "optimizer_bytes", "optimizer_fresh_bytes", "launch_ops", "host_ops", "step_overhead")
 HOST = "host"  # the time between ops (ops.csv's "[no op]" row)
 _INDEX = {f: i for i, f in enumerate(FEATURES)}
 # which features a class's own time is made of (launch_ops: that class's op count)
@@ -131,11 +133,11 @@ def measured_class(name: str, device: str = "cpu") -> str:
 
 def empty_classes() -> Dict[str, Dict[str, float]]:
     """Per class: flops, grouped_flops (convolutions with groups > 1), thin_flops (conv_thin_flops), window
-    (pool_window), bytes, ops; and weight_bytes (the forward convolutions' weights: what oneDNN keeps reordered copies
-    of on a CPU, see Calibration.non_tensor_bytes); fresh (an update's new blocks that glibc maps fresh:
-    fresh_bytes)."""
-    return {c: {"flops": 0.0, "grouped_flops": 0.0, "thin_flops": 0.0, "window": 0.0, "bytes": 0.0, "ops": 0.0,
-                "weight_bytes": 0.0, "fresh": 0.0} for c in CLASSES}
+    (pool_window), rnn_flops (of flops, a recurrent layer's: matmul_rnn_flops), bytes, ops; and weight_bytes (the
+    forward convolutions' weights: what oneDNN keeps reordered copies of on a CPU, see
+    Calibration.non_tensor_bytes); fresh (an update's new blocks that glibc maps fresh: fresh_bytes)."""
+    return {c: {"flops": 0.0, "grouped_flops": 0.0, "thin_flops": 0.0, "window": 0.0, "rnn_flops": 0.0,
+                "bytes": 0.0, "ops": 0.0, "weight_bytes": 0.0, "fresh": 0.0} for c in CLASSES}
 
 
 def step_features(classes: Dict[str, Dict[str, float]]) -> np.ndarray:
@@ -160,7 +162,8 @@ def class_features(classes: Dict[str, Dict[str, float]], cls: str) -> np.ndarray
         x[_INDEX["conv_grouped_flops"]] = v.get("grouped_flops", 0.0)
         x[_INDEX["conv_thin_flops"]] = v.get("thin_flops", 0.0)
     elif cls == "matmul":
-        x[_INDEX["matmul_flops"]] = v.get("flops", 0.0)
+        x[_INDEX["matmul_flops"]] = v.get("flops", 0.0) - v.get("rnn_flops", 0.0)
+        x[_INDEX["matmul_rnn_flops"]] = v.get("rnn_flops", 0.0)
     elif cls == "pool":
         x[_INDEX["pool_window"]] = v.get("window", 0.0)
     elif cls == "optimizer":

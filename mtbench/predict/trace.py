@@ -227,6 +227,8 @@ class _StepCounter(torch.utils._python_dispatch.TorchDispatchMode):
             figures = self.classes[cls]
             opcost.add_op(figures, cls, func, args, out, flops=added, groups=groups, moved=moved,
                           hit=self.recent.touch(leaves), capacity=self.recent.capacity)
+            if rnn:
+                figures["rnn_flops"] += rnn
         if torch._C._current_autograd_node() is None:
             self.forward_flops += added
         return out

@@ -23,7 +23,8 @@ from mtbench.workload.base import SetupContext, Workload  # noqa: E402
 
 # a cost every coefficient of which matters: 50 GFLOP/s dense conv, 5 GFLOP/s grouped, ...
 TRUE = dict(conv_flops=1 / 50e9, conv_grouped_flops=1 / 5e9, conv_bytes=1 / 20e9, conv_thin_flops=1 / 2e9,
-            matmul_flops=1 / 80e9, matmul_bytes=1 / 30e9, norm_bytes=1 / 8e9, elementwise_bytes=1 / 10e9,
+            matmul_flops=1 / 80e9, matmul_bytes=1 / 30e9, matmul_rnn_flops=1 / 40e9, norm_bytes=1 / 8e9,
+            elementwise_bytes=1 / 10e9,
             reduction_bytes=1 / 4e9, pool_bytes=1 / 3e9, pool_window=1 / 1e9, optimizer_bytes=1 / 6e9,
             optimizer_fresh_bytes=1 / 2e9, launch_ops=4e-6,
             host_ops=2e-6, step_overhead=1.5e-3)
@@ -38,6 +39,7 @@ def _classes(rng: np.random.Generator) -> Dict[str, Dict[str, float]]:
     for c in ("conv", "matmul"):
         out[c]["flops"] = float(rng.uniform(1e8, 5e10))
     out["conv"]["grouped_flops"] = out["conv"]["flops"] * float(rng.uniform(0, 0.5))
+    out["matmul"]["rnn_flops"] = out["matmul"]["flops"] * float(rng.uniform(0, 0.5))
     out["pool"]["window"] = out["pool"]["bytes"] * float(rng.uniform(0.2, 3))
     out["conv"]["thin_flops"] = (out["conv"]["flops"] - out["conv"]["grouped_flops"]) / float(rng.uniform(8, 512))
     out["optimizer"]["fresh"] = out["optimizer"]["bytes"] * float(rng.uniform(0, 0.3))
@@ -233,6 +235,12 @@ def test_a_traced_lstm_counts_the_flops_torch_counts_for_its_matrix_products():
     skipped = 2 * 5 * 3 * (4 * 16 * 12) + 2 * (2 * 3 * 4 * 16 * 16)
     assert native.flops + skipped == onednn.flops
     assert onednn.op_classes["matmul"]["flops"] == onednn.flops
+    # all of them a recurrent layer's (matmul_rnn_flops, a rate of their own); the same products run one by one
+    # are plain matrix products
+    assert onednn.op_classes["matmul"]["rnn_flops"] == onednn.flops and native.op_classes["matmul"]["rnn_flops"] == 0
+    x = opcost.class_features(onednn.op_classes, "matmul")
+    assert x[opcost.FEATURES.index("matmul_rnn_flops")] == onednn.flops
+    assert x[opcost.FEATURES.index("matmul_flops")] == 0
 
 
 @pytest.mark.parametrize("kind,proj,bidirectional,packed", [("LSTM", 0, False, False), ("LSTM", 6, True, False),
