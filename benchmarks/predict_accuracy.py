@@ -1,7 +1,8 @@
 """Predictor accuracy and cost on this machine, side by side with measurement (issues 10, 21).
 
     python benchmarks/predict_accuracy.py [--sweep DIR] [--batches 2,8,32] [--batches-for MODEL=B,B,B]
-        [--models a,b,...] [--held-out a,b,...] [--steps 5] [--no-speed] [--maxbatch [--maxbatch-repeats N]]
+        [--models a,b,...] [--held-out a,b,...] [--steps 5] [--passes N] [--no-speed]
+        [--maxbatch [--maxbatch-repeats N]]
     python benchmarks/predict_accuracy.py --all-models   # every model at batch 8: how it traced, peak, FLOPs
 
 Every model of conf/model, BERT at its own batches (about 35 minutes on 2 cores; a folder that holds some of the
@@ -26,7 +27,9 @@ models only calibrate (profiled jobs: their ops.csv gives the per-op times of th
    <= 8 %. Time: mean absolute percentage error of the step time; goal <= 10 %. Beside each held-out job, and
    over the sweep, how far the machine's own speed moved (machine_reference, timed before and after each job): on
    a VM whose neighbours change its speed, a step-time error within that movement is the machine's, not the
-   predictor's.
+   predictor's. With --passes N the sweep runs N times, one pass after the other (the later passes unprofiled,
+   into DIR-pass2 ...), and each job's step time is the fastest pass's: a job a neighbour slowed down in one pass
+   is measured again minutes later; each pass's own MAPE is printed beside.
 4. Speed: BERT at batch 64 predicted in a fresh process: wall time (goal <= 10 s) and peak resident memory
    (goal <= 1 GB), also printed less the process's memory after importing torch (the predictor's own part); then
    the whole command as a user types it, `python -m mtbench predict model=bert batch=64 target=tx2`, twice, timed by
