@@ -278,31 +278,41 @@ def fastest_pass(passes, stat: str, only: int = 0) -> list:
         s = copy.deepcopy(s)
         s["bench_pass"] = best_k
         reference = (s.get("profile") or {}).get("unprofiled_step_time_s") if s.get("profiled") else None
-        if best_k == 1:
-            pass
-        elif isinstance(reference, dict) and reference.get(stat):  # profiled: its own step time is the profiler's
+        # a profiled job's own step time is the profiler's: the plain one it is scaled to is its reference steps'
+        if best_k != 1 and isinstance(reference, dict) and reference.get(stat):
             reference[stat] = best_s
-        else:
+        elif best_k != 1:
             s["step_time_s"] = dict(best["step_time_s"])
             s["bench_machine_reference"] = best.get("bench_machine_reference")
         out.append(s)
     return out
 
 
-def held_out_mape(predictor, runs, held_out, stat: str) -> float:
+def calibrate_on(predictor, folder: Path, fit_runs, stat: str) -> list:
+    """`predictor` calibrated on `fit_runs` of the sweep in `folder` (`mtbench calibrate`'s fit, loaded as a stored
+    calibration is); the fit's report lines."""
+    from mtbench.predict.calibration import load
+    from mtbench.predict.fit import calibrate
+
+    with tempfile.TemporaryDirectory() as tmp:
+        cal_path = Path(tmp) / "cal.json"
+        cal, _, report = calibrate(folder, out=str(cal_path), summaries=fit_runs, predictor=predictor,
+                                   time_stat=stat)
+        predictor.calibration = load(cal.key, cal_path)
+    return report
+
+
+def held_out_mape(predictor, folder: Path, runs, held_out, stat: str) -> float:
     """The held-out jobs' step-time MAPE with the predictor calibrated on `runs`' other jobs (its calibration
     restored after)."""
-    from mtbench.predict.calibration import load, mape_pct
-    from mtbench.predict.fit import calibrate, split_by_model
+    from mtbench.predict.calibration import mape_pct
+    from mtbench.predict.fit import split_by_model
     from mtbench.predict.profiled import step_seconds
 
     kept = predictor.calibration
     fit_runs, test_runs = split_by_model(runs, [m for m in held_out if any(s["model"] == m for s in runs)])
     try:
-        with tempfile.TemporaryDirectory() as tmp:
-            cal, _, _ = calibrate(Path(tmp), out=str(Path(tmp) / "cal.json"), summaries=fit_runs,
-                                  predictor=predictor, time_stat=stat)
-            predictor.calibration = load(cal.key, Path(tmp) / "cal.json")
+        calibrate_on(predictor, folder, fit_runs, stat)
         predicted = [predictor.predict(s["model"], int(s["batch_size"])).step_time_s for s in test_runs]
         return mape_pct(predicted, [step_seconds(s, stat) for s in test_runs])
     finally:
@@ -461,8 +471,8 @@ def main() -> None:
     if args.maxbatch_repeats < 1:
         ap.error(f"--maxbatch-repeats {args.maxbatch_repeats}: must be 1 or more")
 
-    from mtbench.predict.calibration import load, mape_pct
-    from mtbench.predict.fit import calibrate, measured_training_bytes, read_summaries, split_by_model
+    from mtbench.predict.calibration import mape_pct
+    from mtbench.predict.fit import measured_training_bytes, read_summaries, split_by_model
     from mtbench.predict.predictor import Predictor
 
     if args.all_models:
@@ -491,11 +501,7 @@ def main() -> None:
     for s in runs:
         predictor.trace(s["model"], int(s["batch_size"]))
     trace_s = time.monotonic() - t0
-    with tempfile.TemporaryDirectory() as tmp:
-        cal_path = Path(tmp) / "cal.json"
-        cal, _, report = calibrate(folder, out=str(cal_path), summaries=fit_runs, predictor=predictor,
-                                   time_stat=args.time_stat)
-        predictor.calibration = load(cal.key, cal_path)
+    report = calibrate_on(predictor, folder, fit_runs, args.time_stat)
     fit_models = sorted({s["model"] for s in fit_runs})
     print(f"\ntraced {len(runs)} jobs in {trace_s:.0f} s; calibrated on {len(fit_runs)} runs of "
           f"{', '.join(fit_models)}:\n  " + "\n  ".join(report))
@@ -540,7 +546,8 @@ def main() -> None:
             for name, ix in kinds.items()))
     if args.passes > 1:
         chosen = [sum(1 for s in test_runs if s.get("bench_pass") == k) for k in range(1, args.passes + 1)]
-        alone = [held_out_mape(predictor, fastest_pass(passes, args.time_stat, k), held_out, args.time_stat)
+        alone = [held_out_mape(predictor, folder, fastest_pass(passes, args.time_stat, k), held_out,
+                               args.time_stat)
                  for k in range(1, args.passes + 1)]
         print(f"  {args.passes} passes, each job's step time the fastest pass's (held-out jobs per pass: "
               f"{', '.join(map(str, chosen))}); each pass's step times alone: step time MAPE "
