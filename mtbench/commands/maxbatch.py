@@ -82,8 +82,8 @@ def run(args: argparse.Namespace, prober: Optional[Callable[[List[str], int, Pat
     plan = last_override(fixed, "memory.plan", "none")
     fixed = [o for o in fixed if not sets_key(o, "memory.plan")]
     plans = ["none"] if plan == "none" else ["none", plan]
-    if target == "none" and not any(o.startswith(("memory.budget_gb=", "target.memory_budget_bytes="))
-                                    for o in fixed):
+    if target == "none" and not any(sets_key(o, key) for o in fixed
+                                    for key in ("memory.budget_gb", "target.memory_budget_bytes")):
         raise UsageError("maxbatch needs a target with a budget; allowed: target=tx2, nano, xavier_nx, "
                          "agx_xavier, orin_nano, orin_nx, agx_orin (or a GPU's own memory: target=none is "
                          "not searched)")
@@ -131,11 +131,13 @@ def write(out: Path, results: List[Search], fixed: List[str], target: str, args:
 
 
 def _budget_bytes(target: str, fixed: List[str]) -> Optional[int]:
-    """The budget the probes were held to: memory.budget_gb, target.memory_budget_bytes=N, or the target's."""
+    """The budget the probes were held to: memory.budget_gb, target.memory_budget_bytes=N (either also with + or
+    ++, as Hydra takes them), or the target's."""
     from mtbench.device.targets import load_target
 
     for o in reversed(fixed):
         key, _, value = o.partition("=")
+        key = key.lstrip("+")
         if key == "memory.budget_gb":
             return int(float(value) * 2**30)
         if key == "target.memory_budget_bytes":

@@ -285,3 +285,16 @@ def test_a_plan_forced_with_plus_plus_is_searched_beside_plain_training_and_not_
     assert code == 0 and doc["overrides"] == ["target=nano", "device=cpu"], doc["overrides"]
     assert {o[-1] for o in seen} == {"memory.plan=none", "memory.plan=recompute"}, seen
     assert all("++memory.plan=recompute" not in o for o in seen), seen
+
+
+@pytest.mark.parametrize("budget, expected", [
+    ("++memory.budget_gb=2", 2 * 2**30),
+    ("+target.memory_budget_bytes=1000000", 1000000),
+])
+def test_a_budget_set_with_plus_is_searched_and_recorded_as_without(budget, expected, tmp_path):
+    """Hydra takes `++memory.budget_gb=2` (or `+key=`) as `memory.budget_gb=2`: with target=none the search runs
+    under that budget, and maxbatch.json records it, rather than refusing for want of a budget."""
+    code = maxbatch_command.main(["model=alexnet", "device=cpu", budget, "--out", str(tmp_path)],
+                                 prober=lambda overrides, batch, out_dir: fake_board(40)(batch))
+    doc = json.loads((tmp_path / "maxbatch.json").read_text())
+    assert code == 0 and doc["target"] == "none" and doc["budget_bytes"] == expected, doc
