@@ -12,7 +12,8 @@ from mtbench.predict import cache_model
 
 # The model (all coefficients >= 0), summed over the ops of one training step:
 #   conv:        conv_flops * s/FLOP (dense) + conv_grouped_flops * s/FLOP (groups > 1: depthwise, memory-bound
-#                shapes) + conv_bytes * s/byte + conv_thin_flops * s/unit (a dense convolution's FLOPs over the
+#                shapes) + conv_bytes * s/byte + conv_pointwise_bytes * s/byte (a dense 1x1 convolution's bytes:
+#                it reads each input once, where a k x k one gathers it at each of its taps) + conv_thin_flops * s/unit (a dense convolution's FLOPs over the
 #                narrow side of its weight as a product's matrix: few output channels, or few input channels and
 #                taps, run under the peak rate; see conv_thin_flops)
 #   matmul:      matmul_flops * s/FLOP + matmul_bytes * s/byte (inputs not read recently, outputs larger than the
@@ -34,9 +35,9 @@ from mtbench.predict import cache_model
 # The shape efficiency of a convolution or a matrix product is its FLOPs and bytes terms together: a small or
 # thin one moves many bytes per FLOP, and a grouped one runs at its own (lower) rate.
 CLASSES = ("conv", "matmul", "norm", "elementwise", "reduction", "pool", "optimizer")
-FEATURES = ("conv_flops", "conv_grouped_flops", "conv_bytes", "conv_thin_flops", "matmul_flops", "matmul_bytes",
-            "matmul_rnn_flops", "norm_bytes", "elementwise_bytes", "reduction_bytes", "pool_bytes", "pool_window",
-            "optimizer_bytes", "optimizer_fresh_bytes", "launch_ops", "host_ops", "step_overhead")
+FEATURES = ("conv_flops", "conv_grouped_flops", "conv_bytes", "conv_pointwise_bytes", "conv_thin_flops",
+            "matmul_flops", "matmul_bytes", "matmul_rnn_flops", "norm_bytes", "elementwise_bytes", "reduction_bytes",
+            "pool_bytes", "pool_window", "optimizer_bytes", "optimizer_fresh_bytes", "launch_ops", "host_ops", "step_overhead")
 HOST = "host"  # the time between ops (ops.csv's "[no op]" row)
 _INDEX = {f: i for i, f in enumerate(FEATURES)}
 # which features a class's own time is made of (launch_ops: that class's op count)
@@ -132,11 +133,12 @@ def measured_class(name: str, device: str = "cpu") -> str:
 
 
 def empty_classes() -> Dict[str, Dict[str, float]]:
-    """Per class: flops, grouped_flops (convolutions with groups > 1), thin_flops (conv_thin_flops), window
+    """Per class: flops, grouped_flops (convolutions with groups > 1), pointwise_bytes (of bytes, the dense 1x1
+    convolutions'), thin_flops (conv_thin_flops), window
     (pool_window), rnn_flops (of flops, a recurrent layer's: matmul_rnn_flops), bytes, ops; and weight_bytes (the
     forward convolutions' weights: what oneDNN keeps reordered copies of on a CPU, see
     Calibration.non_tensor_bytes); fresh (an update's new blocks that glibc maps fresh: fresh_bytes)."""
-    return {c: {"flops": 0.0, "grouped_flops": 0.0, "thin_flops": 0.0, "window": 0.0, "rnn_flops": 0.0,
+    return {c: {"flops": 0.0, "grouped_flops": 0.0, "pointwise_bytes": 0.0, "thin_flops": 0.0, "window": 0.0, "rnn_flops": 0.0,
                 "bytes": 0.0, "ops": 0.0, "weight_bytes": 0.0, "fresh": 0.0} for c in CLASSES}
 
 
@@ -161,6 +163,7 @@ def class_features(classes: Dict[str, Dict[str, float]], cls: str) -> np.ndarray
         x[_INDEX["conv_flops"]] = v.get("flops", 0.0) - v.get("grouped_flops", 0.0)
         x[_INDEX["conv_grouped_flops"]] = v.get("grouped_flops", 0.0)
         x[_INDEX["conv_thin_flops"]] = v.get("thin_flops", 0.0)
+        x[_INDEX["conv_pointwise_bytes"]] = v.get("pointwise_bytes", 0.0)
     elif cls == "matmul":
         x[_INDEX["matmul_flops"]] = v.get("flops", 0.0) - v.get("rnn_flops", 0.0)
         x[_INDEX["matmul_rnn_flops"]] = v.get("rnn_flops", 0.0)
@@ -168,7 +171,7 @@ def class_features(classes: Dict[str, Dict[str, float]], cls: str) -> np.ndarray
         x[_INDEX["pool_window"]] = v.get("window", 0.0)
     elif cls == "optimizer":
         x[_INDEX["optimizer_fresh_bytes"]] = v.get("fresh", 0.0)
-    x[_INDEX[f"{cls}_bytes"]] = v.get("bytes", 0.0)
+    x[_INDEX[f"{cls}_bytes"]] = v.get("bytes", 0.0) - v.get("pointwise_bytes", 0.0)
     x[_INDEX["launch_ops"]] = v.get("ops", 0.0)
     return x
 
@@ -278,7 +281,7 @@ def add_op(figures: Dict[str, float], cls: str, func: Any, args: Any, out: Any, 
     figures["bytes"] += moved - cached
     figures["flops"] += flops
     if cls == "conv":
-        add_conv_figures(figures, func, args, flops, groups)
+        add_conv_figures(figures, func, args, flops, groups, moved)
     elif cls == "pool":
         figures["window"] += pool_window_reads(func, args, out)
     elif cls == "optimizer":
@@ -307,8 +310,10 @@ def fresh_bytes(args: Any, out: Any, threshold: int = MMAP_THRESHOLD_MAX) -> int
     return sum(n for key, n in storages(out).items() if key not in read and n >= threshold)
 
 
-def add_conv_figures(figures: Dict[str, float], func: Any, args: Any, flops: float, groups: int) -> None:
-    """A convolution's own figures beside its FLOPs: grouped_flops (groups > 1), thin_flops (dense: its FLOPs over
+def add_conv_figures(figures: Dict[str, float], func: Any, args: Any, flops: float, groups: int,
+                     moved: int = 0) -> None:
+    """A convolution's own figures beside its FLOPs and bytes (`moved`): grouped_flops (groups > 1),
+    pointwise_bytes (dense with a 1x1 kernel: its bytes), thin_flops (dense: its FLOPs over
     the narrow side of its weight seen as the product's matrix, out channels x in channels * taps: what a narrow
     product of oneDNN's runs at below its rate, DQN's 32-channel 8x8 and DenseNet's 12-channel convolutions), and
     weight_bytes (a forward's weight)."""
@@ -320,6 +325,8 @@ def add_conv_figures(figures: Dict[str, float], func: Any, args: Any, flops: flo
     elif weight is not None and hasattr(weight, "shape") and len(weight.shape) > 1:
         narrow = min(int(weight.shape[0]), _prod(weight.shape[1:]))
         figures["thin_flops"] += flops / max(1, narrow)
+        if _prod(weight.shape[2:]) == 1:
+            figures["pointwise_bytes"] += moved
     if name == "aten::convolution" and weight is not None and hasattr(weight, "numel"):
         figures["weight_bytes"] += weight.numel() * weight.element_size()
 

@@ -22,7 +22,7 @@ from mtbench.predict.trace import trace_step  # noqa: E402
 from mtbench.workload.base import SetupContext, Workload  # noqa: E402
 
 # a cost every coefficient of which matters: 50 GFLOP/s dense conv, 5 GFLOP/s grouped, ...
-TRUE = dict(conv_flops=1 / 50e9, conv_grouped_flops=1 / 5e9, conv_bytes=1 / 20e9, conv_thin_flops=1 / 2e9,
+TRUE = dict(conv_flops=1 / 50e9, conv_grouped_flops=1 / 5e9, conv_bytes=1 / 20e9, conv_pointwise_bytes=1 / 35e9, conv_thin_flops=1 / 2e9,
             matmul_flops=1 / 80e9, matmul_bytes=1 / 30e9, matmul_rnn_flops=1 / 40e9, norm_bytes=1 / 8e9,
             elementwise_bytes=1 / 10e9,
             reduction_bytes=1 / 4e9, pool_bytes=1 / 3e9, pool_window=1 / 1e9, optimizer_bytes=1 / 6e9,
@@ -40,6 +40,7 @@ def _classes(rng: np.random.Generator) -> Dict[str, Dict[str, float]]:
         out[c]["flops"] = float(rng.uniform(1e8, 5e10))
     out["conv"]["grouped_flops"] = out["conv"]["flops"] * float(rng.uniform(0, 0.5))
     out["matmul"]["rnn_flops"] = out["matmul"]["flops"] * float(rng.uniform(0, 0.5))
+    out["conv"]["pointwise_bytes"] = out["conv"]["bytes"] * float(rng.uniform(0, 0.6))
     out["pool"]["window"] = out["pool"]["bytes"] * float(rng.uniform(0.2, 3))
     out["conv"]["thin_flops"] = (out["conv"]["flops"] - out["conv"]["grouped_flops"]) / float(rng.uniform(8, 512))
     out["optimizer"]["fresh"] = out["optimizer"]["bytes"] * float(rng.uniform(0, 0.3))
@@ -142,6 +143,7 @@ def test_grouped_convolution_flops_and_classes(groups):
     assert t.forward_flops == forward
     assert conv["flops"] == t.flops == 3 * forward  # forward, input gradient, weight gradient
     assert conv["grouped_flops"] == (conv["flops"] if groups > 1 else 0)
+    assert conv["pointwise_bytes"] == 0  # a 3x3 kernel
     # a dense one's FLOPs over its weight's narrow side: 64 out channels against 32 in x 9 taps
     assert conv["thin_flops"] == (conv["flops"] / 64 if groups == 1 else 0)
     assert conv["ops"] == 2
@@ -158,6 +160,27 @@ def test_a_dense_convolution_counts_its_flops_over_the_narrow_side_of_its_weight
     figures = t.op_classes["conv"]
     assert figures["flops"] == 2 * t.forward_flops > 0  # the forward and the weight's gradient (x needs none)
     assert figures["thin_flops"] == pytest.approx(figures["flops"] / narrow)
+
+
+@pytest.mark.parametrize("conv, pointwise", [(torch.nn.Conv2d(32, 64, 1), True),  # a bottleneck's 1x1
+                                             (torch.nn.Conv2d(32, 64, 1, stride=2), True),  # ResNet's shortcut
+                                             (torch.nn.Conv2d(32, 64, 3, padding=1), False),
+                                             (torch.nn.Conv2d(32, 32, 1, groups=32), False),  # grouped: its own
+                                             (torch.nn.Conv1d(32, 64, 1), True)])
+def test_a_dense_1x1_convolutions_bytes_are_its_own_term(conv, pointwise):
+    """A dense 1x1 convolution (forward, input and weight gradients) reads each input once, where a k x k one
+    gathers it at each tap: its bytes are pointwise_bytes, taken out of conv_bytes and fitted at a rate of their
+    own (class_features)."""
+    ctx = SetupContext(device=torch.device("cpu"), batch_size=2, data=Synthetic(), seed=0, batches=1)
+    shape = (32, 16) if isinstance(conv, torch.nn.Conv1d) else (32, 8, 8)
+    t = trace_step(lambda: OneLayer(conv, shape, input_grad=True), ctx)
+    figures = t.op_classes["conv"]
+    assert figures["flops"] == 3 * t.forward_flops > 0 and figures["ops"] == 2 and figures["bytes"] > 0
+    assert figures["pointwise_bytes"] == (figures["bytes"] if pointwise else 0)
+    x = opcost.class_features(t.op_classes, "conv")
+    index = opcost.FEATURES.index
+    assert x[index("conv_pointwise_bytes")] == figures["pointwise_bytes"]
+    assert x[index("conv_bytes")] == (0 if pointwise else figures["bytes"])
 
 
 @pytest.mark.parametrize("pool, reads_per_output", [(torch.nn.MaxPool2d(3, 1, padding=1), 9),
