@@ -22,10 +22,25 @@ from tests.helpers.env import child_env
 # the tests' jobs take their device locks in a folder of their own: an mtbench run elsewhere on this machine
 # (a benchmark) neither waits for them nor makes them wait, and neither do the jobs of another pytest-xdist worker:
 # each worker has a folder of its own; tests of the lock itself set lock_dir
-# (removed when the process that made it ends: one per worker and run would pile up in /tmp)
+# (removed when pytest ends in the process that made it, and at its exit where it ends otherwise: one per worker and
+# run would pile up in /tmp; a child forked from it, which inherits the exit handler, leaves it to its maker)
+_LOCKS = None
 if os.environ.get("PYTEST_XDIST_WORKER") or "MTBENCH_LOCK_DIR" not in os.environ:
-    os.environ["MTBENCH_LOCK_DIR"] = tempfile.mkdtemp(prefix="mtbench-test-locks-")
-    atexit.register(shutil.rmtree, os.environ["MTBENCH_LOCK_DIR"], True)
+    _LOCKS = (os.getpid(), tempfile.mkdtemp(prefix="mtbench-test-locks-"))
+    os.environ["MTBENCH_LOCK_DIR"] = _LOCKS[1]
+
+
+def _remove_locks() -> None:
+    if _LOCKS is not None and os.getpid() == _LOCKS[0]:
+        shutil.rmtree(_LOCKS[1], ignore_errors=True)
+
+
+atexit.register(_remove_locks)
+
+
+def pytest_unconfigure(config) -> None:
+    """The test locks' folder goes when pytest ends (an xdist worker may end without running exit handlers)."""
+    _remove_locks()
 # pytest-xdist's workers share the cores: one intra-op thread each (and in the jobs they start), set before torch is
 # imported; two workers with an OpenMP team each spin on each other's cores. A test of the thread count sets its own.
 if os.environ.get("PYTEST_XDIST_WORKER"):
