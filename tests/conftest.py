@@ -41,6 +41,8 @@ atexit.register(_remove_locks)
 def pytest_unconfigure(config) -> None:
     """The test locks' folder goes when pytest ends (an xdist worker may end without running exit handlers)."""
     _remove_locks()
+
+
 # pytest-xdist's workers share the cores: one intra-op thread each (and in the jobs they start), set before torch is
 # imported; two workers with an OpenMP team each spin on each other's cores. A test of the thread count sets its own.
 if os.environ.get("PYTEST_XDIST_WORKER"):

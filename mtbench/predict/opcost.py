@@ -13,9 +13,9 @@ from mtbench.predict import cache_model
 # The model (all coefficients >= 0), summed over the ops of one training step:
 #   conv:        conv_flops * s/FLOP (dense) + conv_grouped_flops * s/FLOP (groups > 1: depthwise, memory-bound
 #                shapes) + conv_bytes * s/byte + conv_pointwise_bytes * s/byte (a dense 1x1 convolution's bytes:
-#                it reads each input once, where a k x k one gathers it at each of its taps) + conv_thin_flops * s/unit (a dense convolution's FLOPs over the
-#                narrow side of its weight as a product's matrix: few output channels, or few input channels and
-#                taps, run under the peak rate; see conv_thin_flops)
+#                it reads each input once, where a k x k one gathers it at each of its taps) + conv_thin_flops *
+#                s/unit (a dense convolution's FLOPs over the narrow side of its weight as a product's matrix: few
+#                output channels, or few input channels and taps, run under the peak rate; see conv_thin_flops)
 #   matmul:      matmul_flops * s/FLOP + matmul_bytes * s/byte (inputs not read recently, outputs larger than the
 #                last-level cache: cache_model.RecentReads, cache_model.cached_outputs) + matmul_rnn_flops * s/FLOP
 #                (a recurrent layer's gate products, rnn_workspace.layer_flops: a product per position, each waiting
@@ -37,7 +37,8 @@ from mtbench.predict import cache_model
 CLASSES = ("conv", "matmul", "norm", "elementwise", "reduction", "pool", "optimizer")
 FEATURES = ("conv_flops", "conv_grouped_flops", "conv_bytes", "conv_pointwise_bytes", "conv_thin_flops",
             "matmul_flops", "matmul_bytes", "matmul_rnn_flops", "norm_bytes", "elementwise_bytes", "reduction_bytes",
-            "pool_bytes", "pool_window", "optimizer_bytes", "optimizer_fresh_bytes", "launch_ops", "host_ops", "step_overhead")
+            "pool_bytes", "pool_window", "optimizer_bytes", "optimizer_fresh_bytes", "launch_ops", "host_ops",
+            "step_overhead")
 HOST = "host"  # the time between ops (ops.csv's "[no op]" row)
 _INDEX = {f: i for i, f in enumerate(FEATURES)}
 # which features a class's own time is made of (launch_ops: that class's op count)
@@ -138,8 +139,8 @@ def empty_classes() -> Dict[str, Dict[str, float]]:
     (pool_window), rnn_flops (of flops, a recurrent layer's: matmul_rnn_flops), bytes, ops; and weight_bytes (the
     forward convolutions' weights: what oneDNN keeps reordered copies of on a CPU, see
     Calibration.non_tensor_bytes); fresh (an update's new blocks that glibc maps fresh: fresh_bytes)."""
-    return {c: {"flops": 0.0, "grouped_flops": 0.0, "pointwise_bytes": 0.0, "thin_flops": 0.0, "window": 0.0, "rnn_flops": 0.0,
-                "bytes": 0.0, "ops": 0.0, "weight_bytes": 0.0, "fresh": 0.0} for c in CLASSES}
+    return {c: {"flops": 0.0, "grouped_flops": 0.0, "pointwise_bytes": 0.0, "thin_flops": 0.0, "window": 0.0,
+                "rnn_flops": 0.0, "bytes": 0.0, "ops": 0.0, "weight_bytes": 0.0, "fresh": 0.0} for c in CLASSES}
 
 
 def step_features(classes: Dict[str, Dict[str, float]]) -> np.ndarray:
@@ -311,7 +312,7 @@ def fresh_bytes(args: Any, out: Any, threshold: int = MMAP_THRESHOLD_MAX) -> int
 
 
 def add_conv_figures(figures: Dict[str, float], func: Any, args: Any, flops: float, groups: int,
-                     moved: int = 0) -> None:
+                     moved: int) -> None:
     """A convolution's own figures beside its FLOPs and bytes (`moved`): grouped_flops (groups > 1),
     pointwise_bytes (dense with a 1x1 kernel: its bytes), thin_flops (dense: its FLOPs over
     the narrow side of its weight seen as the product's matrix, out channels x in channels * taps: what a narrow

@@ -22,7 +22,8 @@ from mtbench.predict.trace import trace_step  # noqa: E402
 from mtbench.workload.base import SetupContext, Workload  # noqa: E402
 
 # a cost every coefficient of which matters: 50 GFLOP/s dense conv, 5 GFLOP/s grouped, ...
-TRUE = dict(conv_flops=1 / 50e9, conv_grouped_flops=1 / 5e9, conv_bytes=1 / 20e9, conv_pointwise_bytes=1 / 35e9, conv_thin_flops=1 / 2e9,
+TRUE = dict(conv_flops=1 / 50e9, conv_grouped_flops=1 / 5e9, conv_bytes=1 / 20e9, conv_pointwise_bytes=1 / 35e9,
+            conv_thin_flops=1 / 2e9,
             matmul_flops=1 / 80e9, matmul_bytes=1 / 30e9, matmul_rnn_flops=1 / 40e9, norm_bytes=1 / 8e9,
             elementwise_bytes=1 / 10e9,
             reduction_bytes=1 / 4e9, pool_bytes=1 / 3e9, pool_window=1 / 1e9, optimizer_bytes=1 / 6e9,
