@@ -21,13 +21,20 @@ from tests.helpers.env import child_env
 
 # the tests' jobs take their device locks in a folder of their own: an mtbench run elsewhere on this machine
 # (a benchmark) neither waits for them nor makes them wait, and neither do the jobs of another pytest-xdist worker:
-# each worker has a folder of its own; tests of the lock itself set lock_dir
-# (removed when pytest ends in the process that made it, and at its exit where it ends otherwise: one per worker and
-# run would pile up in /tmp; a child forked from it, which inherits the exit handler, leaves it to its maker)
+# each worker has a folder of its own; tests of the lock itself set lock_dir. Made in pytest's configure hook, so
+# only by pytest's own processes: a job a test starts may import this module (its workload a class of a test module
+# that imports from here), and one killed there would leave a folder of its own behind; it takes its test's folder
+# from the environment instead. Removed when pytest ends in the process that made it, and at its exit where it ends
+# otherwise (one per worker and run would pile up in /tmp); a child forked from it, which inherits the exit
+# handler, leaves it to its maker.
 _LOCKS = None
-if os.environ.get("PYTEST_XDIST_WORKER") or "MTBENCH_LOCK_DIR" not in os.environ:
-    _LOCKS = (os.getpid(), tempfile.mkdtemp(prefix="mtbench-test-locks-"))
-    os.environ["MTBENCH_LOCK_DIR"] = _LOCKS[1]
+
+
+def pytest_configure(config) -> None:
+    global _LOCKS
+    if os.environ.get("PYTEST_XDIST_WORKER") or "MTBENCH_LOCK_DIR" not in os.environ:
+        _LOCKS = (os.getpid(), tempfile.mkdtemp(prefix="mtbench-test-locks-"))
+        os.environ["MTBENCH_LOCK_DIR"] = _LOCKS[1]
 
 
 def _remove_locks() -> None:
