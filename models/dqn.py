@@ -11,10 +11,8 @@ sub-timings are taken inside the step, the step's own time is still the runner's
 """
 from __future__ import annotations
 
-import statistics
 import time
-from collections import deque
-from typing import Any, Deque, Dict, List
+from typing import Any, Dict, List
 
 import numpy as np
 import torch
@@ -29,7 +27,6 @@ from mtbench.workload.base import SetupContext, StepLoss, Workload, optimizer_fr
 # and ale-py's modules on first import): measured once per process, as a job makes one; a later one reuses the
 # modules, so the first figure stands for every trace of the game in a predictor's process
 _EMULATOR_BYTES: Dict[str, int] = {}
-HOST_WINDOW = 256  # the emulator steps whose median time host_seconds takes (setup's random play among them)
 
 
 class NatureQNetwork(nn.Module):
@@ -80,7 +77,7 @@ class DQN(Workload):
         self.q = NatureQNetwork(actions)  # resized to the game's action count in setup
         self.env_time: List[float] = []
         self.update_time: List[float] = []
-        self.env_step_s: Deque[float] = deque(maxlen=HOST_WINDOW)  # the last emulator steps' own times
+        self.emulator_s = 0.0  # the emulator's own time (env.step and reset) in the current step
 
     def setup(self, ctx: SetupContext) -> None:
         self.device = ctx.device
@@ -109,7 +106,7 @@ class DQN(Workload):
         next_obs, reward, terminated, truncated, _ = self.env.step(action)
         self.buffer.add(self.obs, action, np.sign(reward), next_obs, float(terminated))  # rewards clipped
         self.obs = self.env.reset()[0] if terminated or truncated else next_obs
-        self.env_step_s.append(time.monotonic() - began)
+        self.emulator_s += time.monotonic() - began
 
     def _act(self) -> int:
         if self.rng.random() < self.epsilon:
@@ -122,7 +119,7 @@ class DQN(Workload):
             return int(q.argmax(1).item())  # .item() is a CPU-GPU sync point
 
     def step(self) -> StepLoss:
-        t0 = time.monotonic()
+        t0, self.emulator_s = time.monotonic(), 0.0
         for _ in range(self.env_steps):
             self._env_step(self._act())
         t1 = time.monotonic()
@@ -163,12 +160,9 @@ class DQN(Workload):
         return int(written * per) + int(getattr(self, "emulator_bytes", 0))
 
     def host_seconds(self) -> float:
-        """The emulator's own time in a step: `env_steps` times the median of its last HOST_WINDOW steps' (env.step,
-        a reset, the replay buffer's write; the action selection is torch's ops, which the trace counts), setup's
-        random play included: a moment the machine ran slow moves one step's time, not the median. 0 before any."""
-        if not self.env_step_s:
-            return 0.0
-        return self.env_steps * float(statistics.median(self.env_step_s))
+        """The emulator's own time in its last step (env.step, a reset, the replay buffer's write; the action
+        selection is torch's ops, which the trace counts)."""
+        return float(self.emulator_s)
 
     def units_per_sample(self) -> Dict[str, float]:
         return {"env_steps": self.env_steps / self.batch_size} if hasattr(self, "batch_size") else {}

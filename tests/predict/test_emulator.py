@@ -32,32 +32,3 @@ def test_without_ale_the_trace_says_it_ran_on_synthetic_frames(tmp_path, monkeyp
     trace, traced = Predictor(target_name="none", device="cpu", overrides=SMALL).trace("dqn", 2)
     assert "on synthetic data, not the job's: data=atari needs gymnasium, ale-py" in traced, traced
     assert trace.flops > 0 and trace.host_bytes > 0  # the replay buffer's pages still count
-
-
-def test_the_emulators_time_is_its_median_step_so_a_slow_moment_does_not_move_it(tmp_path, monkeypatch):
-    """A step's emulator time is `env_steps` times the median of the emulator's recent steps (setup's random play
-    among them): a third of them slowed by a busy machine (on a clock the emulator's steps move) leaves it at the
-    others' time, where the last step's own sum would hold a slow one."""
-    monkeypatch.setenv(calibration.ENV_DIR, str(tmp_path))
-    import models.dqn
-    from mtbench.data.atari import SyntheticFrames
-
-    clock = {"now": 100.0, "steps": 0}
-
-    class Clock:
-        @staticmethod
-        def monotonic() -> float:
-            return clock["now"]
-
-    real_step = SyntheticFrames.step
-
-    def step(self, action):
-        clock["steps"] += 1
-        clock["now"] += 1.0 if clock["steps"] % 3 == 0 else 0.001  # one step in three: a slow moment
-        return real_step(self, action)
-
-    monkeypatch.setattr(models.dqn, "time", Clock)
-    monkeypatch.setattr(SyntheticFrames, "step", step)
-    trace, traced = Predictor(target_name="none", device="cpu", overrides=(*SMALL, "data=synthetic")).trace("dqn", 2)
-    assert "own data" not in traced and clock["steps"] >= 48  # setup's 40 and the trace's two steps of four
-    assert trace.host_s == pytest.approx(4 * 0.001)
