@@ -74,4 +74,7 @@ def main(argv) -> None:
 
 
 if __name__ == "__main__":
+    from mtbench.job.signals import install_terminate_handlers
+
+    install_terminate_handlers()  # SIGTERM (`timeout`, `kill`) as Ctrl-C: the running job child goes with it
     main(sys.argv[1:])

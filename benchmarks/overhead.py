@@ -138,4 +138,7 @@ def _taken_pct(stats: dict) -> float:
 
 
 if __name__ == "__main__":
+    from mtbench.job.signals import install_terminate_handlers
+
+    install_terminate_handlers()  # SIGTERM (`timeout`, `kill`) as Ctrl-C: the running job child goes with it
     main()

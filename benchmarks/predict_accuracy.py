@@ -45,6 +45,7 @@ import io
 import json
 import os
 import re
+import signal
 import statistics
 import subprocess
 import sys
@@ -111,10 +112,15 @@ def command_as_typed(runs: int = 2) -> None:
             # its output into files, not pipes this process would read only at the end (a full pipe blocks it)
             with open(os.path.join(here, "out"), "w+") as stdout, open(os.path.join(here, "err"), "w+") as stderr:
                 proc = subprocess.Popen(["/usr/bin/time", "-f", "%e %M", sys.executable, "-m", "mtbench", *argv],
-                                        stdout=stdout, stderr=stderr, cwd=here,
+                                        stdout=stdout, stderr=stderr, cwd=here, start_new_session=True,
                                         env={**os.environ, "PYTHONPATH": str(REPO)})
-                pss = _largest_summed_pss(proc)
-                proc.wait()
+                try:
+                    pss = _largest_summed_pss(proc)
+                    proc.wait()
+                except BaseException:  # Ctrl-C or SIGTERM here: GNU time passes on no signal, the command goes too
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
+                    raise
                 stdout.seek(0)
                 stderr.seek(0)
                 out = subprocess.CompletedProcess(proc.args, proc.returncode, stdout.read(), stderr.read())
@@ -585,4 +591,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    from mtbench.job.signals import install_terminate_handlers
+
+    install_terminate_handlers()  # SIGTERM (`timeout`, `kill`) as Ctrl-C: the running job child goes with it
     main()

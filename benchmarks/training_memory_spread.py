@@ -91,4 +91,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    from mtbench.job.signals import install_terminate_handlers
+
+    install_terminate_handlers()  # SIGTERM (`timeout`, `kill`) as Ctrl-C: the running job child goes with it
     main()

@@ -71,3 +71,31 @@ def test_a_jobs_step_time_is_its_fastest_passes_and_the_rest_the_first_passes():
     assert [step_seconds(s, "median") for s in fastest_pass([first, second], "median", only=1)] == [1.0, 3.0, 2.0]
     # by the statistic asked for: "min" of pass 2's first job (0.75) is above pass 1's (0.5)
     assert fastest_pass([first, second], "min")[0]["bench_pass"] == 1
+
+
+def test_sigterm_stops_the_sweep_and_the_job_it_runs(tmp_path):
+    """`timeout` or `kill` sends the benchmark SIGTERM: the job running in its child ends with it (it was left
+    running on its own, beside whatever was measured next)."""
+    import signal
+    import time
+
+    import psutil
+
+    sweep = tmp_path / "sweep"
+    bench = subprocess.Popen([sys.executable, str(REPO / "benchmarks" / "predict_accuracy.py"), "--sweep", str(sweep),
+                              "--models", "squeezenet", "--held-out", "", "--batches", "2", "--steps", "2000",
+                              "--no-speed"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                             cwd=tmp_path)
+    try:
+        deadline, jobs = time.monotonic() + 120, []
+        while not jobs and time.monotonic() < deadline and bench.poll() is None:
+            jobs = [p for p in psutil.Process(bench.pid).children() if str(sweep) in " ".join(p.cmdline())]
+            time.sleep(0.1)
+        assert jobs, f"no job started: {bench.poll()} {bench.stderr.read() if bench.poll() is not None else ''}"
+        bench.send_signal(signal.SIGTERM)
+        assert bench.wait(timeout=60) != 0
+        gone, alive = psutil.wait_procs(jobs, timeout=20)
+        assert not alive, [p.cmdline() for p in alive]  # 2,000 steps would have run on for a minute or more
+    finally:
+        for p in psutil.Process().children(recursive=True):
+            p.kill()
