@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import stat
 import tempfile
+import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -225,6 +227,11 @@ def test_the_holders_command_is_named_in_printable_characters(tmp_path, capsys):
 
     holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "\x1b[31mred"])
     try:
+        # Popen returns when exec closes its pipe, before the kernel has set the new command line: on a busy machine
+        # /proc/N/cmdline read empty (the line named no command); the holder is taken once it is there
+        deadline = time.monotonic() + 60
+        while not Path(f"/proc/{holder.pid}/cmdline").read_bytes() and time.monotonic() < deadline:
+            time.sleep(0.01)
         fd = held_lock(tmp_path, str(holder.pid).encode())
         threading.Timer(0.5, os.close, args=(fd,)).start()
         lock = DeviceLock(torch.device("cpu"), "wait", str(tmp_path), timeout_s=30)
