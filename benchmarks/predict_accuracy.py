@@ -52,6 +52,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Optional
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -101,13 +102,17 @@ def _pss(pid: int) -> int:
     return 0
 
 
-def command_as_typed(runs: int = 2) -> None:
-    """`python -m mtbench predict model=bert batch=64 target=tx2` as typed, in an empty folder, under GNU time."""
+def command_as_typed(runs: int = 2, sweep_compute_s: Optional[float] = None) -> None:
+    """`python -m mtbench predict model=bert batch=64 target=tx2` as typed, in an empty folder, under GNU time; the
+    machine's reference (machine_reference) just before each run is printed with it, against `sweep_compute_s` (the
+    median of the sweep's jobs) where given: on a VM the same command takes 9.5 s in one hour and 15 s in the next."""
     argv = ["predict", "model=bert", "batch=64", "target=tx2"]
     if not os.path.isfile("/usr/bin/time"):
         print("speed, the command as typed: not measured: GNU time (/usr/bin/time) is not installed")
         return
     for _ in range(runs):
+        compute_s = machine_reference()["compute_s"]
+        against = f", {pct(compute_s, sweep_compute_s):+.0f} % against the sweep's median" if sweep_compute_s else ""
         with tempfile.TemporaryDirectory() as here:
             # its output into files, not pipes this process would read only at the end (a full pipe blocks it)
             with open(os.path.join(here, "out"), "w+") as stdout, open(os.path.join(here, "err"), "w+") as stderr:
@@ -135,7 +140,8 @@ def command_as_typed(runs: int = 2) -> None:
               f"its processes' summed PSS at most "
               f"{f'{pss / 1e9:.2f} GB' if pss else 'n/a (no /proc/PID/smaps_rollup or task children here)'} "
               f"(sampled every 0.2 s), "
-              f"{'on stderr: ' + ' | '.join(warned) if warned else 'no warning on the console'}")
+              f"{'on stderr: ' + ' | '.join(warned) if warned else 'no warning on the console'}; the machine's "
+              f"reference just before: a small convolution's step {compute_s * 1e3:.2f} ms{against}")
 
 
 def machine_reference(repeats: int = 7, each: int = 10) -> dict:
@@ -587,7 +593,9 @@ def main() -> None:
                   f"{int(maxrss) / 1e9:.2f} GB (goal <= 1), {(int(maxrss) - int(base)) / 1e9:.2f} GB over the "
                   f"process after importing torch; predicted tensors {int(tensors) / 2**30:.2f} GiB, "
                   f"{float(flops) / 1e12:.2f} TFLOP/step")
-        command_as_typed()
+        computes = [(r["before"]["compute_s"] + r["after"]["compute_s"]) / 2
+                    for r in (s.get("bench_machine_reference") for s in runs) if r and "before" in r and "after" in r]
+        command_as_typed(sweep_compute_s=statistics.median(computes) if computes else None)
 
 
 if __name__ == "__main__":

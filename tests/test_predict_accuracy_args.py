@@ -2,6 +2,7 @@
 (a misspelt --held-out model would otherwise be calibrated on and its accuracy reported as held out)."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -40,6 +41,29 @@ def test_each_jobs_machine_reference_is_told_against_the_sweeps_median():
     assert "40.00-50.00 ms over the sweep's 3 jobs (spread 20 % of the median)" in line, line
     assert "after against before a job: median 0 %" in line, line  # a's are steady; b's moved 33 %
     assert machine_drift(runs[3:])[0] == {} and "not in this sweep's summaries" in machine_drift(runs[3:])[1]
+
+
+@pytest.mark.skipif(not os.path.isfile("/usr/bin/time"), reason="GNU time (/usr/bin/time) is not installed")
+def test_the_command_as_typed_is_told_with_the_machines_reference_beside_it(monkeypatch, capsys):
+    import benchmarks.predict_accuracy as pa
+
+    real_popen = subprocess.Popen
+    ran = []
+
+    def quick(args, **kwargs):  # GNU time as the benchmark starts it, around a command that ends at once
+        ran.append(args)
+        return real_popen([*args[:3], sys.executable, "-c", "pass"], **kwargs)
+
+    monkeypatch.setattr(pa.subprocess, "Popen", quick)
+    monkeypatch.setattr(pa, "machine_reference", lambda: {"compute_s": 0.045, "stream_s": 0.020})
+    pa.command_as_typed(runs=1, sweep_compute_s=0.030)
+    pa.command_as_typed(runs=1)
+    first, second = capsys.readouterr().out.strip().splitlines()
+    assert [a[:3] for a in ran] == [["/usr/bin/time", "-f", "%e %M"]] * 2
+    assert ran[0][3:] == [sys.executable, "-m", "mtbench", "predict", "model=bert", "batch=64", "target=tx2"]
+    assert first.endswith("the machine's reference just before: a small convolution's step 45.00 ms, +50 % against "
+                          "the sweep's median"), first
+    assert second.endswith("a small convolution's step 45.00 ms"), second
 
 
 def test_a_jobs_step_time_is_its_fastest_passes_and_the_rest_the_first_passes():
