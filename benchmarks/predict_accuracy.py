@@ -105,7 +105,7 @@ def _pss(pid: int) -> int:
 def command_as_typed(runs: int = 2, sweep_compute_s: Optional[float] = None) -> None:
     """`python -m mtbench predict model=bert batch=64 target=tx2` as typed, in an empty folder, under GNU time; the
     machine's reference (machine_reference) just before each run is printed with it, against `sweep_compute_s` (the
-    median of the sweep's jobs) where given: on a VM the same command takes 9.5 s in one hour and 15 s in the next."""
+    median of the sweep's jobs) where given: a slow hour of the machine is told apart from a slow command."""
     argv = ["predict", "model=bert", "batch=64", "target=tx2"]
     if not os.path.isfile("/usr/bin/time"):
         print("speed, the command as typed: not measured: GNU time (/usr/bin/time) is not installed")
@@ -235,10 +235,9 @@ def run_sweep(jobs, folder: Path, steps: int = 3, profiled=()) -> None:
             path.write_text(json.dumps(data, indent=2))
 
 
-def machine_drift(runs) -> tuple:
-    """({(model, batch): (compute %, stream %)}, one line): each job's machine reference (the mean of its before and
-    after figures) against the median over the sweep's jobs, in % (+: the machine ran that much slower), and the
-    line that says how far the machine's speed moved over the sweep and within its jobs."""
+def job_references(runs) -> dict:
+    """{(model, batch): {"compute_s" and "stream_s": (the mean of its before and after figures, how far after moved
+    from before in %)}} of the jobs whose summaries hold the machine's reference from both sides."""
     refs = {}
     for s in runs:
         ref = s.get("bench_machine_reference") or {}
@@ -246,6 +245,14 @@ def machine_drift(runs) -> tuple:
             refs[(s["model"], int(s["batch_size"]))] = {
                 k: ((ref["before"][k] + ref["after"][k]) / 2, abs(ref["after"][k] / ref["before"][k] - 1) * 100)
                 for k in ("compute_s", "stream_s")}
+    return refs
+
+
+def machine_drift(runs) -> tuple:
+    """({(model, batch): (compute %, stream %)}, one line): each job's machine reference (the mean of its before and
+    after figures) against the median over the sweep's jobs, in % (+: the machine ran that much slower), and the
+    line that says how far the machine's speed moved over the sweep and within its jobs."""
+    refs = job_references(runs)
     if len(refs) < 2:
         return {}, "the machine's reference: not in this sweep's summaries (a sweep made before they were recorded)"
     med = {k: statistics.median(r[k][0] for r in refs.values()) for k in ("compute_s", "stream_s")}
@@ -593,9 +600,8 @@ def main() -> None:
                   f"{int(maxrss) / 1e9:.2f} GB (goal <= 1), {(int(maxrss) - int(base)) / 1e9:.2f} GB over the "
                   f"process after importing torch; predicted tensors {int(tensors) / 2**30:.2f} GiB, "
                   f"{float(flops) / 1e12:.2f} TFLOP/step")
-        computes = [(r["before"]["compute_s"] + r["after"]["compute_s"]) / 2
-                    for r in (s.get("bench_machine_reference") for s in runs) if r and "before" in r and "after" in r]
-        command_as_typed(sweep_compute_s=statistics.median(computes) if computes else None)
+        refs = job_references(runs).values()
+        command_as_typed(sweep_compute_s=statistics.median(r["compute_s"][0] for r in refs) if refs else None)
 
 
 if __name__ == "__main__":
