@@ -57,6 +57,7 @@ class BertQA(nn.Module):
 
 class BERT(Workload):
     MICROBATCH = True  # its loss is a mean over the batch's examples (memory.plan=microbatch)
+    STEP_LEAVES_ONLY_STATE = True  # inputs of one shape; a step keeps only gradients and optimizer state
 
     def __init__(self, optimizer: Any, vocab_size: int = 30522, hidden: int = 768, layers: int = 12, heads: int = 12,
                  intermediate: int = 3072, max_positions: int = 512, seq_len: int = 384, max_question: int = 64,

@@ -45,6 +45,7 @@ class CharConvLSTM(nn.Module):
 
 class CharRNN(Workload):
     MICROBATCH = True  # its loss is a mean over the batch's examples (memory.plan=microbatch)
+    STEP_LEAVES_ONLY_STATE = True  # inputs of one shape; a step keeps only gradients and optimizer state
 
     def __init__(self, optimizer: Any, seq_len: int = 100, vocab: int = 65, embed: int = 64,
                  conv_channels: int = 128, kernel: int = 5, hidden: int = 256, layers: int = 2,

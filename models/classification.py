@@ -13,6 +13,7 @@ from mtbench.workload.base import SetupContext, StepLoss, Workload, optimizer_fr
 
 class ImageClassification(Workload):
     MICROBATCH = True  # the loss is the mean cross-entropy over the batch's images
+    STEP_LEAVES_ONLY_STATE = True  # inputs of one shape; a step keeps only gradients and optimizer state
     EVALUATES_ACCURACY = True  # until.accuracy: top-1 on the held-out images
 
     def __init__(self, net: torch.nn.Module, optimizer: Any, input_shape: Sequence[int], num_classes: int) -> None:

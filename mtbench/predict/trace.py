@@ -11,7 +11,7 @@ import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
 from mtbench.device.glibc import MMAP_THRESHOLD_MAX
-from mtbench.predict import cache_model, conv_scratch, mkl_buffers, opcost, rnn_workspace
+from mtbench.predict import cache_model, conv_scratch, first_step, mkl_buffers, opcost, rnn_workspace
 from mtbench.workload.breakdown import PARTS as BREAKDOWN_KEYS  # the measured breakdown's keys: ours too
 from mtbench.workload import torch_internals
 from mtbench.workload.base import SetupContext, Workload
@@ -19,7 +19,8 @@ from mtbench.workload.base import SetupContext, Workload
 
 @dataclass
 class StepTrace:
-    """What one traced training step (the second: optimizer state exists, gradients of the first are alive) needs."""
+    """What one traced training step (the steady one: optimizer state exists, gradients of a first step are alive)
+    needs."""
 
     device: str  # the device traced on, e.g. "cpu" or "cuda"
     fake: bool  # traced on fake tensors (nothing allocated) or on real ones
@@ -262,13 +263,17 @@ _METADATA_OPS = {
 
 def trace_step(make_workload: Callable[[], Workload], ctx: SetupContext, fake: bool = True,
                cuda_optimizers: bool = False, later_steps: int = 0,
-               fresh_mapping_bytes: Optional[int] = MMAP_THRESHOLD_MAX, cache_bytes: int = 0) -> StepTrace:
+               fresh_mapping_bytes: Optional[int] = MMAP_THRESHOLD_MAX, cache_bytes: int = 0,
+               short: bool = True) -> StepTrace:
     """Build the workload (`make_workload()`), set it up and run two training steps on fake tensors; measure the second.
 
     Nothing is allocated: every tensor is a FakeTensor (shape, dtype, device only), also on a device this
     machine does not have (ctx.device may be "cuda" on a host without a GPU). The first step creates the
-    optimizer state; the second is the steady state the runner measures. With fake=False the same is done
-    on real tensors (it allocates): for a workload whose kernels read values fake tensors do not have.
+    optimizer state; the second is the steady state the runner measures. With `short`, a workload whose first step
+    leaves only gradients and optimizer state (first_step.state_only) gets those without the step, and
+    the trace is made again with both steps where the measured one leaves a parameter without a gradient.
+    With fake=False the same is done on real tensors (it allocates): for a workload whose kernels read values fake
+    tensors do not have.
     With cuda_optimizers, optimizers take the multi-tensor (foreach) path they take on a CUDA GPU, whatever
     device is traced (its temporaries, e.g. a weight-decayed copy of every gradient, are part of the peak).
     fresh_mapping_bytes: on a CPU, the size from which malloc maps an allocation fresh (rnn_workspace; None: never).
@@ -292,7 +297,8 @@ def trace_step(make_workload: Callable[[], Workload], ctx: SetupContext, fake: b
         with counter:
             workload = make_workload()  # its parameters are fake from the start
             workload.setup(ctx)
-            workload.step()
+            made = first_step.take(workload, [o for o in _walk_state(workload, set())
+                                              if isinstance(o, torch.optim.Optimizer)] if short else None)
         tracker = torch_internals.new_recording_tracker()
         inputs_bytes, state_bytes = _track_state(tracker, workload)
         counter.ops = counter.bytes_moved = counter.forward_flops = counter.flops_fix = 0
@@ -301,7 +307,10 @@ def trace_step(make_workload: Callable[[], Workload], ctx: SetupContext, fake: b
         with tracker, flops, counter, opcost.optimizer_marked(counter):
             workload.step()
         peak = tracker.get_tracker_snapshot("peak")
-    host = workload.host_bytes(max(0, later_steps - 2))  # the trace ran two of the job's steps
+    if made and not first_step.all_trained(made):  # a parameter the step leaves untrained has no state in a job
+        return trace_step(make_workload, ctx, fake, cuda_optimizers, later_steps, fresh_mapping_bytes, cache_bytes,
+                          short=False)
+    host = workload.host_bytes(max(0, later_steps - 2))  # the trace stands for two of the job's steps
     parts = breakdown(_device_snapshot(peak, ctx.device), inputs_bytes, state_bytes)
     return StepTrace(
         device=str(ctx.device.type), fake=fake, peak_tensor_bytes=int(sum(parts.values())), breakdown_bytes=parts,

@@ -56,6 +56,9 @@ class Workload(abc.ABC):
     memory_plan: plans.MemoryPlan = plans.NONE  # how the next step runs (recompute, micro-batches)
     MICROBATCH = False  # True: `step` computes its gradients through `planned_backward`
     EVALUATES_ACCURACY = False  # True: `held_out_batches` and `accuracy` measure it on held-out data (until.accuracy)
+    # True: every step takes inputs of the same shapes and leaves nothing the next depends on but the gradients and
+    # the optimizers' state (the predictor's trace then makes those instead of running a first step)
+    STEP_LEAVES_ONLY_STATE = False
     # True: each of `self.batches` is padded to its own longest example, and the vocabulary comes from all of them,
     # so batches differ in size: the predictor prepares the job's batches and traces the largest one it measures
     PADDED_PER_BATCH = False
