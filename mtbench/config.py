@@ -9,7 +9,7 @@ import sys
 import typing
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Sequence
 
 from mtbench.config_schema import (CPU_MALLOC, DEVICES, LOCK_MODES, OBJECTIVES, PLANS, SAMPLER_MODES, SCHEMA,  # noqa: F401
                                    SCHEMA_DEFAULTS, SELECTORS, check_output_dir, check_value, choice, interval_ms,
@@ -44,6 +44,38 @@ def group_options(group: str) -> List[str]:
     """The selectable options of a config group (file stems; names starting with '_' are bases, not options)."""
     folder = conf_dir() / group
     return sorted(p.stem for p in folder.glob("*.yaml") if not p.stem.startswith("_"))
+
+
+def default_option(group: str, model: str, overrides: Sequence[str] = ()) -> Optional[str]:
+    """The option of `group` a job of `model` with `overrides` composes: the last `group=X` override, else what the
+    model's file (or a file of the model group its defaults list names) picks with `override /group: X`, else
+    conf/config.yaml's default; None where another group's override could pick it (a global config such as
+    `experiment=`) or a file is not where it should be."""
+    from omegaconf import DictConfig, OmegaConf
+
+    for item in reversed(list(overrides)):
+        key, _, value = item.partition("=")
+        key = key.lstrip("+~")
+        if key == group:
+            return value
+        if key in GROUPS:
+            return None
+
+    def picked(path: Path, seen: set) -> Optional[str]:
+        if path in seen or not path.is_file():
+            return None
+        seen.add(path)
+        for entry in OmegaConf.load(path).get("defaults") or []:
+            for key, value in (entry.items() if isinstance(entry, DictConfig) else [(str(entry), None)]):
+                if value is not None and str(key).split()[-1].lstrip("/") == group:
+                    return str(value)
+                if value is None and key != "_self_":  # a base file of the same folder (_cnn)
+                    found = picked(path.parent / f"{key}.yaml", seen)
+                    if found is not None:
+                        return found
+        return None
+
+    return picked(conf_dir() / "model" / f"{model}.yaml", set()) or picked(conf_dir() / "config.yaml", set())
 
 
 # What each config node may build, judged on the resolved object (not on its dotted name): the node's path

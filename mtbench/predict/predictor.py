@@ -9,6 +9,7 @@ from typing import Any, Dict, List, Optional, Sequence, Set, Tuple, Union
 import numpy as np
 import torch
 
+from mtbench.config import default_option
 from mtbench.errors import UsageError
 from mtbench.predict import allocator, calibration, mkl_buffers, opcost
 from mtbench.predict.maxsearch import largest_batch
@@ -223,13 +224,13 @@ class Predictor:
         return instantiate(cfg.data, "data"), ""
 
     def _job_data_node(self, model: str) -> Any:
-        if model not in self._job_data:
-            self._job_data[model] = self.compose(model, 1, data=None).get("data") or {}
+        if model not in self._job_data:  # where the job's data is the trace's (synthetic), one composed config serves
+            same = default_option("data", model, self.overrides) == "synthetic"
+            self._job_data[model] = self.compose(model, 1, data="synthetic" if same else None).get("data") or {}
         return self._job_data[model]
 
     def prepare(self, model: str) -> None:
-        """Compose `model`'s configs now (its trace's and its own data node), as its first trace would: before
-        forking tracers, so that they need not compose them again (a third of a second each)."""
+        """Compose `model`'s configs (its trace's, its data node) before tracers fork: they need not compose them."""
         self.compose(model, 1)
         self._job_data_node(model)
 
