@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import gc
 import io
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
@@ -70,6 +71,20 @@ def main_calibrate(argv: Optional[List[str]] = None) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    # the imports and the configuration make half a million objects that live as long as the command: the cyclic
+    # collector, scanning them all each time they grow by a quarter, is left off until they are made and then
+    # frozen (gc.freeze: never scanned again), which a forked tracer inherits without touching their pages
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _run(args)
+    finally:
+        gc.unfreeze()  # where the command ran inside another program (a test), its objects are collected again
+        if enabled:
+            gc.enable()
+
+
+def _run(args: argparse.Namespace) -> int:
     from mtbench.predict import require_torch
 
     require_torch()
@@ -102,7 +117,14 @@ def run(args: argparse.Namespace) -> int:
     out_dir = writable_folder(Path(own.get("out") or dated_dir("predict")), "out=")
     predictor = Predictor(target_name=target, device=own.get("device", "auto"), overrides=tuple(rest),
                           calibration_path=own.get("calibration"), first_model=models[0])
-    beside = _tracers(predictor, models) if want_max else None
+    from mtbench.predict.tracers import warm_imports
+
+    warm_imports()  # what a trace imports on first use
+    for model in models:
+        predictor.prepare(model)  # its configs
+    gc.freeze()
+    gc.enable()  # the traces' own garbage (reference cycles among fake tensors) is collected as it comes
+    beside = _tracers(predictor) if want_max else None
     try:
         rows = run_predictions(predictor, models, batches, want_max, beside)
     finally:
@@ -114,19 +136,17 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _tracers(predictor, models: List[str]):
+def _tracers(predictor):
     """A tracer process beside this one for the max-batch searches (their rounds trace two batches), forked before
-    this process traces; None where the target has no budget, one core is usable, or the tracer cannot run autograd
-    (it ran in this process already) or was not ready within tracers.READY_TIMEOUT_S."""
+    this process traces (after the imports and the configs it needs); None where the target has no budget, one core
+    is usable, or the tracer cannot run autograd (it ran in this process already) or was not ready within
+    tracers.READY_TIMEOUT_S."""
     import os
 
-    from mtbench.predict.tracers import TracerDied, Tracers, warm_imports
+    from mtbench.predict.tracers import TracerDied, Tracers
 
     if predictor.target.memory_budget_bytes is None or len(os.sched_getaffinity(0)) < 2:
         return None
-    warm_imports()  # once here rather than in each process
-    for model in models:
-        predictor.prepare(model)  # its configs, composed here for both processes
     try:
         return Tracers(lambda: predictor, 1)
     except TracerDied:  # autograd ran here already (a caller's), or no answer in time: the searches trace here

@@ -124,3 +124,33 @@ def test_bert_and_a_cnn_trace_alike_without_their_first_step(model, overrides, m
         p = Predictor(target_name="tx2", device="auto", overrides=overrides)
         traces.append(comparable(p.trace(model, 4)[0]))
     assert traces[0] == traces[1]
+
+
+def test_predict_traces_with_its_imports_frozen_and_leaves_the_collector_as_it_was(tmp_path, monkeypatch):
+    """The command makes its imports with the cyclic collector off, traces with them frozen (never scanned again) and
+    the collector on, and gives the collector back as it found it (here: inside a test process)."""
+    import gc
+
+    import mtbench.predict as predict_package
+    from mtbench.commands.predict import main_predict
+    from mtbench.predict.predictor import Predictor
+
+    seen = {}
+    require, predict = predict_package.require_torch, Predictor.predict
+
+    def requiring() -> None:
+        seen["imports"] = gc.isenabled()
+        require()
+
+    def predicting(self, *args, **kwargs):
+        seen.setdefault("traces", (gc.isenabled(), gc.get_freeze_count()))
+        return predict(self, *args, **kwargs)
+
+    monkeypatch.setattr(predict_package, "require_torch", requiring)
+    monkeypatch.setattr(Predictor, "predict", predicting)
+    assert gc.isenabled() and gc.get_freeze_count() == 0
+    assert main_predict(["model=alexnet", "batch=2", "device=cpu", f"out={tmp_path}"]) == 0
+    assert seen["imports"] is False
+    enabled, frozen = seen["traces"]
+    assert enabled and frozen > 10_000  # torch's modules' objects, at least
+    assert gc.isenabled() and gc.get_freeze_count() == 0
