@@ -5,8 +5,9 @@ machine every part runs that can, and each CUDA part says that it was skipped.
     python benchmarks/gpu_check.py [--out DIR] [--budget-s 480] [--wheels DIR]
 
 From the repository root. It needs torch; mtbench's own dependencies (hydra-core, omegaconf, ...) where missing are
-installed from --wheels DIR (or benchmarks/wheels/) into the output folder, else named with the one pip command and
-the parts that need them skipped (a machine with torch but no hydra-core still runs the probe). Parts, each with its
+installed from the wheels in --wheels DIR (or benchmarks/wheels/), each without its dependencies, into the output
+folder, else named with the one command that makes those wheels where there is a network, and the parts that need
+them skipped (a machine with torch but no hydra-core still runs the probe). Parts, each with its
 own time limit (the whole run stays within --budget-s, 8 minutes by default):
   deps      what mtbench needs and what was installed from the wheels
   probe     each NVML field's real update period, learned from 5 ms samples under a square-wave load on the GPU
@@ -44,6 +45,11 @@ TX2_JOB = ["model=vgg19", "model.workload.net.variant=imagenet", "data.image_siz
 # what `python -m mtbench` imports beyond torch: module -> the pip name
 NEEDED = {"hydra": "hydra-core", "omegaconf": "omegaconf", "numpy": "numpy", "torchvision": "torchvision",
           "psutil": "psutil", "rich": "rich", "matplotlib": "matplotlib", "yaml": "PyYAML"}
+# what those need that a machine with torch may not have, and the versions hydra-core 1.3 takes (pip --no-deps checks
+# none): antlr4 4.9 is an sdist only, which `pip wheel` builds
+ALSO = {"hydra-core": ("omegaconf", "antlr4-python3-runtime"), "omegaconf": ("antlr4-python3-runtime",)}
+SPEC = {"hydra-core": "'hydra-core>=1.3,<1.4'", "omegaconf": "'omegaconf>=2.2,<2.4'",
+        "antlr4-python3-runtime": "antlr4-python3-runtime==4.9.3"}
 
 
 class Check:
@@ -92,27 +98,46 @@ def missing_modules() -> List[str]:
     return [m for m in NEEDED if importlib.util.find_spec(m) is None]
 
 
+def wanted(missing: List[str]) -> List[str]:
+    """pip's requirements for the missing modules and for the pure-Python packages they need that pip will not find
+    installed beside them (pip --target resolves against an empty folder)."""
+    names = [NEEDED[m] for m in missing]
+    names += sorted({d for n in names for d in ALSO.get(n, ())} - set(names))
+    return [SPEC.get(n, n) for n in names]
+
+
 def part_deps(check: Check, wheels: Optional[Path], out: Path) -> bool:
-    """Whether mtbench's dependencies import here; missing ones are installed from `wheels` into <out>/site (put on
-    this process's path and the subprocesses' PYTHONPATH), else named with the pip command."""
+    """Whether mtbench's dependencies import here; where some are missing, every wheel in `wheels` is installed
+    without dependencies into <out>/site (put on this process's path and the subprocesses' PYTHONPATH), else the
+    missing ones are named with the command that makes the wheels."""
     missing = missing_modules()
-    if missing and wheels is not None and wheels.is_dir():
+    files = sorted(str(w) for w in wheels.glob("*.whl")) if missing and wheels is not None and wheels.is_dir() else []
+    if files:
         site = out / "site"
-        proc = subprocess.run([sys.executable, "-m", "pip", "install", "--no-index", "--find-links", str(wheels),
-                               "--target", str(site), "--quiet", *[NEEDED[m] for m in missing]],
-                              capture_output=True, text=True)
+        # --no-deps: pip --target would want every requirement (packaging, PyYAML) from the folder, even those
+        # installed here; the folder holds what is missing, and the imports below say whether it was enough
+        proc = subprocess.run([sys.executable, "-m", "pip", "install", "--no-index", "--no-deps", "--no-compile",
+                               "--target", str(site), "--quiet", *files], capture_output=True, text=True)
         if proc.returncode == 0:
             sys.path.insert(0, str(site))
             os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH")) if p)
-            check.add("deps", "INFO", f"installed from {wheels} into {site}: {', '.join(NEEDED[m] for m in missing)}")
+            check.add("deps", "INFO", f"installed from {wheels} into {site}: "
+                                      + ", ".join(Path(f).name.split("-")[0] for f in files))
             missing = missing_modules()
         else:
             check.add("deps", "INFO", f"installing from {wheels} failed: {(proc.stderr.strip() or '?')[-300:]}")
     if missing:
-        names = " ".join(NEEDED[m] for m in missing)
-        check.add("deps", "SKIP", f"missing {names}: the parts that run mtbench are skipped; install with "
-                                  f"`pip install {names}` (no network: `pip download -d benchmarks/wheels {names}` "
-                                  "where there is one, carry the folder, pass --wheels benchmarks/wheels)")
+        names = " ".join(wanted(missing))
+        check.add("deps", "SKIP", f"missing {' '.join(NEEDED[m] for m in missing)}: the parts that run mtbench are "
+                                  f"skipped; install with `pip install {names}` (no network here: where there is "
+                                  f"one, `pip wheel --no-deps -w benchmarks/wheels {names}`, carry the folder)")
+        return False
+    # a module can be found and still not import (omegaconf without antlr4): import them all as mtbench's jobs will
+    proc = run([sys.executable, "-c", "import " + ", ".join(NEEDED)], 120)
+    if proc.returncode != 0:
+        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        check.add("deps", "SKIP", f"mtbench's dependencies do not import: {last}; the parts that run mtbench "
+                                  "are skipped")
         return False
     check.add("deps", "PASS", "mtbench's dependencies import: " + ", ".join(NEEDED.values()))
     return True

@@ -6,6 +6,8 @@ from __future__ import annotations
 import csv
 import importlib.util
 import json
+import sys
+import zipfile
 
 import pytest
 
@@ -65,6 +67,54 @@ def test_missing_dependencies_are_named_with_the_pip_command(gpu_check, tmp_path
     assert gpu_check.part_deps(check, tmp_path / "no-wheels", tmp_path) is False
     part, status, result = check.rows[-1]
     assert (part, status) == ("deps", "SKIP") and "pip install no-such-package" in result
+
+
+def _wheel(folder, name, requires=(), body=""):
+    """A pure-Python wheel laid out as pip builds one: the module, METADATA with its requirements, WHEEL, RECORD."""
+    dist = f"{name}-1.0.dist-info"
+    files = {f"{name}/__init__.py": body,
+             f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n"
+                                 + "".join(f"Requires-Dist: {r}\n" for r in requires),
+             f"{dist}/WHEEL": "Wheel-Version: 1.0\nGenerator: hand\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+    files[f"{dist}/RECORD"] = "".join(f"{path},,\n" for path in files) + f"{dist}/RECORD,,\n"
+    folder.mkdir(exist_ok=True)
+    with zipfile.ZipFile(folder / f"{name}-1.0-py3-none-any.whl", "w") as z:
+        for path, text in files.items():
+            z.writestr(path, text)
+
+
+@pytest.fixture
+def installs(gpu_check, monkeypatch):
+    """part_deps puts what it installs on sys.path and PYTHONPATH: both are given back after the test."""
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.setenv("PYTHONPATH", "")
+    return gpu_check
+
+
+def test_a_wheel_whose_requirement_is_installed_here_but_not_carried_is_installed(installs, tmp_path, monkeypatch):
+    """As hydra-core's wheel needs packaging, which a machine with torch has but the carried folder does not:
+    pip --target resolves against an empty folder and refused the whole install."""
+    _wheel(tmp_path / "wheels", "mtbench_carried", requires=["packaging"], body="import packaging\n")
+    monkeypatch.setitem(installs.NEEDED, "mtbench_carried", "mtbench-carried")
+    check = installs.Check(60)
+    assert installs.part_deps(check, tmp_path / "wheels", tmp_path / "out") is True, check.rows
+    assert check.rows[0][:2] == ["deps", "INFO"] and "mtbench_carried" in check.rows[0][2]
+    assert check.rows[-1][:2] == ["deps", "PASS"]
+
+
+def test_a_module_found_that_does_not_import_skips_the_parts_that_need_it(installs, tmp_path, monkeypatch):
+    """As omegaconf carried without antlr4: the module is found, and every job would die importing it."""
+    _wheel(tmp_path / "wheels", "mtbench_half", body="import mtbench_never_carried\n")
+    monkeypatch.setitem(installs.NEEDED, "mtbench_half", "mtbench-half")
+    check = installs.Check(60)
+    assert installs.part_deps(check, tmp_path / "wheels", tmp_path / "out") is False
+    part, status, result = check.rows[-1]
+    assert (part, status) == ("deps", "SKIP") and "No module named 'mtbench_never_carried'" in result, result
+
+
+def test_missing_hydra_is_named_with_what_it_needs(gpu_check):
+    assert gpu_check.wanted(["hydra", "rich"]) == ["'hydra-core>=1.3,<1.4'", "rich", "antlr4-python3-runtime==4.9.3",
+                                                   "'omegaconf>=2.2,<2.4'"]
 
 
 def test_without_a_gpu_it_says_what_it_skipped_and_writes_every_row(gpu_check, tmp_path, monkeypatch, capsys):
