@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import importlib.util
 import json
+import os
 import sys
 import zipfile
 
@@ -87,7 +88,7 @@ def _wheel(folder, name, requires=(), body=""):
 def installs(gpu_check, monkeypatch):
     """part_deps puts what it installs on sys.path and PYTHONPATH: both are given back after the test."""
     monkeypatch.setattr(sys, "path", list(sys.path))
-    monkeypatch.setenv("PYTHONPATH", "")
+    monkeypatch.setenv("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
     return gpu_check
 
 
