@@ -148,9 +148,10 @@ def test_predict_traces_with_its_imports_frozen_and_leaves_the_collector_as_it_w
 
     monkeypatch.setattr(predict_package, "require_torch", requiring)
     monkeypatch.setattr(Predictor, "predict", predicting)
-    assert gc.isenabled() and gc.get_freeze_count() == 0
+    assert gc.isenabled()
+    before = gc.get_freeze_count()  # 0, but 375 of the interpreter's own at the start of Python 3.12.1
     assert main_predict(["model=alexnet", "batch=2", "device=cpu", f"out={tmp_path}"]) == 0
     assert seen["imports"] is False
     enabled, frozen = seen["traces"]
-    assert enabled and frozen > 10_000  # torch's modules' objects, at least
-    assert gc.isenabled() and gc.get_freeze_count() == 0
+    assert enabled and frozen > before + 10_000  # torch's modules' objects, at least
+    assert gc.isenabled() and gc.get_freeze_count() <= before  # none of the command's left frozen
