@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from mtbench.device import arena
+from tests.conftest import ctrl_c_raises
 from tests.helpers.run_if import run_if
 
 # In a fresh interpreter (mallopt would hold for every later test here): blocks made under `cached` and freed with
@@ -138,8 +139,10 @@ INTERRUPT = textwrap.dedent("""
 @pytest.mark.slow
 @run_if(linux=True, why="signals as on Linux")
 def test_an_interrupt_during_the_probe_is_raised_once_its_thread_is_done():
-    # raised at once, the thread would still be in torch's kernels when the interpreter exits: the process aborts
-    assert _run(INTERRUPT) == "20 False"
+    # raised at once, the thread would still be in torch's kernels when the interpreter exits: the process aborts.
+    # ctrl_c_raises: the child gets SIGINT's default however pytest was started (as a background job it ignores it)
+    with ctrl_c_raises():
+        assert _run(INTERRUPT) == "20 False"
 
 
 THREADS = textwrap.dedent("""
