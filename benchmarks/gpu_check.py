@@ -22,7 +22,8 @@ own time limit (the whole run stays within --budget-s, 8 minutes by default):
   energy    NVML: the mean power of the measured steps (their energies over their time) against the energy
             counter's over a window its own change points set, not the steps (within 5 %)
   overhead  the sampler's cost: mtbench's step time over a bare loop's (benchmarks/overhead.py, process mode)
-Writes <out>/gpu_check.json (every row). Exit 0 when no part failed (skipped parts do not fail), 1 otherwise.
+A part that raises is that part's FAIL row and the others still run. Writes <out>/gpu_check.json (every row).
+Exit 0 when no part failed (skipped parts do not fail), 1 otherwise.
 """
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 REPO = Path(__file__).resolve().parent.parent
 MODELS = ["squeezenet", "resnet50", "vgg16"]
@@ -143,40 +144,59 @@ def part_deps(check: Check, wheels: Optional[Path], out: Path) -> bool:
     return True
 
 
-def part_probe(check: Check, cuda: bool, nvml_why: Optional[str], seconds: float = 8.0) -> None:
-    """Each NVML field's update period as the samples show it under a square-wave load: 0.5 s of matrix products on
-    the GPU, 0.5 s idle (its value changes at least then); the shortest interval between changes (10th percentile)
-    beside the period mtbench declares for it."""
+def part_probe(check: Check, cuda: bool, nvml_why: Optional[str], seconds: float = 8.0,
+               busy: Optional[Callable[[float], None]] = None) -> None:
+    """Each NVML field's update period as the samples show it under a square-wave load: `busy(0.5)` (matrix
+    products on the GPU for 0.5 s), then 0.5 s idle (its value changes at least then); the shortest interval between
+    changes (10th percentile) beside the period mtbench declares for it."""
     if not cuda or nvml_why:
         check.add("probe", "SKIP", f"sensor update periods: {'no CUDA GPU' if not cuda else nvml_why}")
         return
     import numpy as np
-    import torch
 
     from mtbench.sampling import Sampler, open_sensors
     from mtbench.sampling.resolution import learned_period_s
 
     sensors, _ = open_sensors(["nvml"], {"nvml": {}})
     sampler = Sampler(sensors, 5.0)
-    a = torch.randn(4096, 4096, device="cuda")
+    busy = busy or gpu_busy()
     sampler.start()
     end = time.monotonic() + seconds
     while time.monotonic() < end:
-        busy_until = time.monotonic() + 0.5
-        while time.monotonic() < busy_until:
-            a = (a @ a).clamp_(-1, 1)
-            torch.cuda.synchronize()
+        busy(0.5)
         time.sleep(0.5)
     samples = sampler.stop()
+    for sensor in sensors:
+        sensor.close()
+    found = 0
     for f in samples.fields:
         values = np.asarray(samples.columns[f.name], dtype=float)
         if f.group not in ("power", "power_avg", "energy", "gpu_util") or np.all(np.isnan(values)):
             continue
+        found += 1
         learned = learned_period_s(samples.time_s, values, 0.005)
         declared = f"{f.resolution_s * 1000:g} ms ({f.resolution_how})" if f.resolution_s else "none"
         check.add(f"probe {f.name}", "INFO", f"changes every {_num(learned and learned * 1000, '.0f')} ms "
                                              f"(10th percentile of {int(np.sum(np.diff(values) != 0))} changes); "
                                              f"declared {declared}")
+    if not found:
+        check.add("probe", "FAIL", f"NVML gave no power, energy or utilization in {len(samples)} samples")
+
+
+def gpu_busy() -> Callable[[float], None]:
+    """A load that keeps the GPU busy for the seconds it is given: 4096 x 4096 matrix products."""
+    import torch
+
+    a = torch.randn(4096, 4096, device="cuda")
+
+    def busy(seconds: float) -> None:
+        nonlocal a
+        until = time.monotonic() + seconds
+        while time.monotonic() < until:
+            a = (a @ a).clamp_(-1, 1)
+            torch.cuda.synchronize()
+
+    return busy
 
 
 def nvml_reason() -> Optional[str]:
@@ -340,6 +360,19 @@ def part_overhead(check: Check, cuda: bool) -> None:
     check.add("overhead", status, f"mtbench / bare loop step time {ratio:.3f} ({' '.join(args)}, sampler.mode=process)")
 
 
+def guarded(check: Check, part: str, fn: Callable[..., Any], *args: Any) -> Any:
+    """fn(*args); an exception it raises is the part's FAIL row (its type, text and the line that raised it), and
+    the other parts still run: one run on a lent machine must bring back every row it can."""
+    try:
+        return fn(*args)
+    except Exception as exc:  # noqa: BLE001 - any error of one part is a row, not the end of the run
+        import traceback
+
+        where = traceback.extract_tb(exc.__traceback__)[-1]
+        check.add(part, "FAIL", f"{type(exc).__name__}: {str(exc)[:300]} ({Path(where.filename).name}:{where.lineno})")
+        return None
+
+
 def _num(value: Any, fmt: str) -> str:
     return "null" if value is None else format(value, fmt)
 
@@ -368,15 +401,16 @@ def main(argv: Optional[List[str]] = None) -> int:
                "nvml": nvml_why or "answers", "out": str(out)}
     check.add("machine", "INFO", f"GPU {device}; torch {torch.__version__}; NVML {nvml_why or 'answers'}; "
                                  f"results in {out}")
-    deps = part_deps(check, args.wheels, out)
-    part_probe(check, cuda, nvml_why)
+    deps = guarded(check, "deps", part_deps, check, args.wheels, out)
+    guarded(check, "probe", part_probe, check, cuda, nvml_why)
     if deps:
-        part_tests(check, cuda)
-        summaries = part_matrix(check, cuda, "nvml" if cuda and not nvml_why else "procfs", out / "matrix")
-        part_predict(check, cuda, summaries)
-        part_tx2(check, cuda, out / "tx2")
-        part_energy(check, cuda, nvml_why, summaries)
-        part_overhead(check, cuda)
+        guarded(check, "tests", part_tests, check, cuda)
+        summaries = guarded(check, "matrix", part_matrix, check, cuda, "nvml" if cuda and not nvml_why else "procfs",
+                            out / "matrix") or []
+        guarded(check, "predict", part_predict, check, cuda, summaries)
+        guarded(check, "tx2", part_tx2, check, cuda, out / "tx2")
+        guarded(check, "energy", part_energy, check, cuda, nvml_why, summaries)
+        guarded(check, "overhead", part_overhead, check, cuda)
     skipped = [r[0] for r in check.rows if r[1] == "SKIP"]
     print(f"\nmtbench gpu_check: {time.monotonic() - started:.0f} s; "
           + (f"skipped: {', '.join(skipped)}" if skipped else "nothing skipped"))

@@ -7,7 +7,9 @@ import csv
 import importlib.util
 import json
 import os
+import re
 import sys
+import time
 import zipfile
 
 import pytest
@@ -130,3 +132,35 @@ def test_without_a_gpu_it_says_what_it_skipped_and_writes_every_row(gpu_check, t
     assert {parts[p] for p in ("probe", "tests", "predict", "tx2", "energy")} == {"SKIP"}
     assert set(report["skipped"]) == {"probe", "tests", "predict", "tx2", "energy"} and report["failed"] == []
     assert "skipped: probe, tests, predict, tx2, energy" in capsys.readouterr().out
+
+
+def test_the_probe_learns_each_nvml_fields_period_from_the_sensor_itself(gpu_check, monkeypatch):
+    """The probe's path as on a GPU, NVML faked as an H100's driver answers (instant power and the energy counter
+    refreshed every 100 ms, the 1 s average too, utilization once a second), sampled in real time at 5 ms: the
+    learned periods are the fake's 100 ms, not the 5 ms of the samples, and the declared ones stand beside them."""
+    from tests.fake_nvml import FakeGpu, fake_pynvml
+
+    wave = FakeGpu(power_w=lambda t: 300.0 if int(t / 0.5) % 2 == 0 else 100.0)
+    monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml([wave]))
+    check = gpu_check.Check(60)
+    gpu_check.part_probe(check, True, None, seconds=2.0, busy=lambda seconds: time.sleep(seconds))
+    rows = {part: result for part, status, result in check.rows if status == "INFO"}
+    assert {"probe gpu0_power_mw", "probe gpu0_energy_mj"} <= set(rows), check.rows
+    for name in ("probe gpu0_power_mw", "probe gpu0_energy_mj"):
+        learned = re.match(r"changes every (\d+) ms", rows[name])
+        assert learned and 40 <= int(learned.group(1)) <= 400, rows[name]  # 100 ms, sampled late on a busy machine
+        assert rows[name].endswith("declared 100 ms (documented)"), rows[name]
+
+
+def test_a_part_that_raises_is_its_failure_and_the_others_still_run(gpu_check, tmp_path, monkeypatch):
+    def broken(*args):
+        raise RuntimeError("the probe broke")
+
+    monkeypatch.setattr(gpu_check, "part_probe", broken)
+    monkeypatch.setattr(gpu_check, "part_matrix", lambda check, cuda, sampler, out: [])
+    monkeypatch.setattr(gpu_check, "part_overhead", lambda check, cuda: check.add("overhead", "INFO", "stubbed"))
+    assert gpu_check.main(["--out", str(tmp_path), "--budget-s", "60"]) == 1
+    report = json.loads((tmp_path / "gpu_check.json").read_text())
+    failed = [r for r in report["rows"] if r["status"] == "FAIL"]
+    assert report["failed"] == ["probe"] and "RuntimeError: the probe broke" in failed[0]["result"], failed
+    assert {r["part"] for r in report["rows"]} >= {"deps", "tests", "predict", "tx2", "energy", "overhead"}
