@@ -164,3 +164,22 @@ def test_a_part_that_raises_is_its_failure_and_the_others_still_run(gpu_check, t
     failed = [r for r in report["rows"] if r["status"] == "FAIL"]
     assert report["failed"] == ["probe"] and "RuntimeError: the probe broke" in failed[0]["result"], failed
     assert {r["part"] for r in report["rows"]} >= {"deps", "tests", "predict", "tx2", "energy", "overhead"}
+
+
+@pytest.mark.slow
+def test_the_predictor_part_traces_on_fake_cuda_tensors_and_compares_like_with_like(gpu_check):
+    """part_predict's path as on a GPU, the predictor real (fake CUDA tensors need no GPU): a CUDA job's
+    allocator peaks against the predicted ones of the same kind; a job measured by another source is left out."""
+    from mtbench.predict.predictor import Predictor
+
+    p = Predictor(target_name="none", device="cuda").predict("squeezenet", 2)
+    allocated = p.tensors_bytes + p.non_tensor_bytes
+    job = {"success": True, "model": "squeezenet", "batch_size": 2, "mem_peak_source": "cuda_allocator",
+           "mem_peak_bytes": allocated, "mem_peak_reserved_bytes": int(p.peak_bytes * 1.5)}
+    cpu_job = dict(job, mem_peak_source="process_rss", batch_size=4)
+    check = gpu_check.Check(60)
+    gpu_check.part_predict(check, True, [job, cpu_job])
+    assert [(part, status) for part, status, _ in check.rows] == [("predict squeezenet b2", "PASS"),
+                                                                  ("predict squeezenet b2", "FAIL")], check.rows
+    assert "(+0.0%" in check.rows[0][2] and "vs max_memory_allocated" in check.rows[0][2]
+    assert "vs max_memory_reserved" in check.rows[1][2] and "(-33.3%" in check.rows[1][2]
