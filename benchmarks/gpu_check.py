@@ -5,7 +5,7 @@ machine every part runs that can, and each CUDA part says that it was skipped.
     python benchmarks/gpu_check.py [--out DIR] [--budget-s 480] [--wheels DIR]
 
 From the repository root. It needs torch; mtbench's own dependencies (hydra-core, omegaconf, ...) where missing are
-installed from the wheels in --wheels DIR (or benchmarks/wheels/), each without its dependencies, into the output
+installed from the wheels in --wheels DIR (or benchmarks/wheels/), each without its dependencies, into a temporary
 folder, else named with the one command that makes those wheels where there is a network, and the parts that need
 them skipped (a machine with torch but no hydra-core still runs the probe). Parts, each with its
 own time limit (the whole run stays within --budget-s, 8 minutes by default):
@@ -109,12 +109,12 @@ def wanted(missing: List[str]) -> List[str]:
 
 def part_deps(check: Check, wheels: Optional[Path], out: Path) -> bool:
     """Whether mtbench's dependencies import here; where some are missing, every wheel in `wheels` is installed
-    without dependencies into <out>/site (put on this process's path and the subprocesses' PYTHONPATH), else the
+    without dependencies into a temporary folder (put on this process's path and the subprocesses' PYTHONPATH), else the
     missing ones are named with the command that makes the wheels."""
     missing = missing_modules()
     files = sorted(str(w) for w in wheels.glob("*.whl")) if missing and wheels is not None and wheels.is_dir() else []
     if files:
-        site = out / "site"
+        site = Path(tempfile.mkdtemp(prefix="mtbench-gpu-check-site-"))  # not in <out>: only results come back
         # --no-deps: pip --target would want every requirement (packaging, PyYAML) from the folder, even those
         # installed here; the folder holds what is missing, and the imports below say whether it was enough
         proc = subprocess.run([sys.executable, "-m", "pip", "install", "--no-index", "--no-deps", "--no-compile",
