@@ -107,7 +107,7 @@ def wanted(missing: List[str]) -> List[str]:
     return [SPEC.get(n, n) for n in names]
 
 
-def part_deps(check: Check, wheels: Optional[Path], out: Path) -> bool:
+def part_deps(check: Check, wheels: Optional[Path]) -> bool:
     """Whether mtbench's dependencies import here; where some are missing, every wheel in `wheels` is installed
     without dependencies into a temporary folder (put on this process's path and the subprocesses' PYTHONPATH), else the
     missing ones are named with the command that makes the wheels."""
@@ -401,7 +401,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                "nvml": nvml_why or "answers", "out": str(out)}
     check.add("machine", "INFO", f"GPU {device}; torch {torch.__version__}; NVML {nvml_why or 'answers'}; "
                                  f"results in {out}")
-    deps = guarded(check, "deps", part_deps, check, args.wheels, out)
+    deps = guarded(check, "deps", part_deps, check, args.wheels)
     guarded(check, "probe", part_probe, check, cuda, nvml_why)
     if deps:
         guarded(check, "tests", part_tests, check, cuda)

@@ -67,7 +67,7 @@ def test_the_predictor_check_compares_like_with_like_and_can_fail(gpu_check):
 def test_missing_dependencies_are_named_with_the_pip_command(gpu_check, tmp_path, monkeypatch):
     monkeypatch.setitem(gpu_check.NEEDED, "mtbench_no_such_module", "no-such-package")
     check = gpu_check.Check(60)
-    assert gpu_check.part_deps(check, tmp_path / "no-wheels", tmp_path) is False
+    assert gpu_check.part_deps(check, tmp_path / "no-wheels") is False
     part, status, result = check.rows[-1]
     assert (part, status) == ("deps", "SKIP") and "pip install no-such-package" in result
 
@@ -100,7 +100,7 @@ def test_a_wheel_whose_requirement_is_installed_here_but_not_carried_is_installe
     _wheel(tmp_path / "wheels", "mtbench_carried", requires=["packaging"], body="import packaging\n")
     monkeypatch.setitem(installs.NEEDED, "mtbench_carried", "mtbench-carried")
     check = installs.Check(60)
-    assert installs.part_deps(check, tmp_path / "wheels", tmp_path / "out") is True, check.rows
+    assert installs.part_deps(check, tmp_path / "wheels") is True, check.rows
     assert check.rows[0][:2] == ["deps", "INFO"] and "mtbench_carried" in check.rows[0][2]
     assert check.rows[-1][:2] == ["deps", "PASS"]
 
@@ -110,7 +110,7 @@ def test_a_module_found_that_does_not_import_skips_the_parts_that_need_it(instal
     _wheel(tmp_path / "wheels", "mtbench_half", body="import mtbench_never_carried\n")
     monkeypatch.setitem(installs.NEEDED, "mtbench_half", "mtbench-half")
     check = installs.Check(60)
-    assert installs.part_deps(check, tmp_path / "wheels", tmp_path / "out") is False
+    assert installs.part_deps(check, tmp_path / "wheels") is False
     part, status, result = check.rows[-1]
     assert (part, status) == ("deps", "SKIP") and "No module named 'mtbench_never_carried'" in result, result
 
