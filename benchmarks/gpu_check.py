@@ -213,14 +213,20 @@ def nvml_reason() -> Optional[str]:
     return None
 
 
-def part_tests(check: Check, cuda: bool) -> None:
+def part_tests(check: Check, cuda: bool, tests: Optional[List[str]] = None) -> None:
+    """The CUDA tests under pytest (the project's own options: -q, a worker per core up to 4); the row gives pytest's
+    summary line ("12 passed, 3 skipped in 40.1s")."""
     if not cuda:
         check.add("tests", "SKIP", "CUDA tests: no CUDA GPU (test_cuda.py skips as a whole)")
         return
-    proc = run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rfEs", *TESTS],
+    tests = tests or TESTS
+    # no second -q: pyproject's addopts has one, and -qq leaves out the summary line
+    proc = run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-rfEs", *tests],
                min(300.0, check.left_s() - 200))
-    last = (proc.stdout.strip().splitlines() or ["no output"])[-1]
-    check.add("tests", "PASS" if proc.returncode == 0 else "FAIL", f"{' '.join(TESTS)}: {last}")
+    summary = [line.strip("= ") for line in proc.stdout.splitlines()
+               if re.search(r"\d+ (passed|failed|skipped|errors?)\b|no tests ran", line)]
+    said = summary[-1] if summary else f"no summary line (exit {proc.returncode}): {proc.stderr.strip()[-300:]}"
+    check.add("tests", "PASS" if proc.returncode == 0 else "FAIL", f"{' '.join(tests)}: {said}")
     if proc.returncode != 0:
         print(proc.stdout[-4000:], proc.stderr[-2000:], sep="\n")
 

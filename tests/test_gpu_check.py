@@ -183,3 +183,12 @@ def test_the_predictor_part_traces_on_fake_cuda_tensors_and_compares_like_with_l
                                                                   ("predict squeezenet b2", "FAIL")], check.rows
     assert "(+0.0%" in check.rows[0][2] and "vs max_memory_allocated" in check.rows[0][2]
     assert "vs max_memory_reserved" in check.rows[1][2] and "(-33.3%" in check.rows[1][2]
+
+
+@pytest.mark.slow
+def test_the_tests_part_gives_pytests_summary_line(gpu_check):
+    """Run as on a GPU (here on a small test file): the row gives pytest's own summary, not its last line."""
+    check = gpu_check.Check(600)
+    gpu_check.part_tests(check, True, ["tests/test_py38.py"])
+    part, status, result = check.rows[-1]
+    assert (part, status) == ("tests", "PASS") and re.search(r"tests/test_py38.py: \d+ passed in ", result), result
